@@ -1,0 +1,171 @@
+"""Device helpers shared by the CUDA-core kernels: fp4 (e2m1) decode, e4m3 scale decode, and the exact 16-element
+block dot product. The helpers are the arch switch: sm_90 has no fp4 conversion, so it maps nibbles to int8 with
+`prmt` lookups and multiplies with `dp4a`; sm_100 has `cvt.rn.f16x2.e2m1x2` and multiplies with `fma.rn.f16x2`.
+
+Both paths compute each 16-element block sum exactly (an int32 of 4·a·b on sm_90; two f16 lanes of ≤ 8 products,
+each a multiple of 0.25 with |sum| ≤ 288, on sm_100), so a kernel's only rounding is its fp32 sum over blocks.
+
+    sm_90 lookup: prmt(LUT_LO, LUT_HI, sel) picks byte sel[2:0] of {LUT_HI:LUT_LO} for each selector nibble; a
+    nibble with bit 3 set (a negative code) yields the sign of that byte instead, and every LUT byte is positive, so
+    it yields 0. The codes of x give the positive part P, the codes of x ^ 0x8888 the magnitudes N of the negative
+    part, and a·b = P·b + N·(-b), so b is prepared once as signed and negated int8 words.
+"""
+
+from cutlass import Float32, Int32, Uint32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+# 2·|e2m1| for codes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6), one byte each, as prmt's 8-byte table.
+E2M1X2_LUT_LO = 0x03020100
+E2M1X2_LUT_HI = 0x0C080604
+SIGN_BITS = 0x88888888
+# Per byte: p + 128 - n (no borrow across bytes since p, n <= 12), then flip bit 7 back: p - n as int8.
+BYTE_BIAS = 0x80808080
+
+
+def _asm_u32(args, asm: str, constraints: str, loc=None, ip=None) -> Uint32:
+    return Uint32(
+        llvm.inline_asm(
+            T.i32(),
+            [Uint32(a).ir_value(loc=loc, ip=ip) for a in args],
+            asm,
+            constraints,
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+            loc=loc,
+            ip=ip,
+        )
+    )
+
+
+@dsl_user_op
+def prmt(lo, hi, sel, *, loc=None, ip=None) -> Uint32:
+    """`prmt.b32`: four bytes of {hi:lo} chosen by the four low selector nibbles of `sel` (one PRMT)."""
+    return _asm_u32([lo, hi, sel], "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", loc, ip)
+
+
+@dsl_user_op
+def dp4a(a, b, c, *, loc=None, ip=None) -> Int32:
+    """`dp4a.s32.s32`: c + the dot product of the four signed bytes of a and b (one IDP.4A)."""
+    return Int32(_asm_u32([a, b, c], "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", loc, ip))
+
+
+@dsl_user_op
+def e4m3x2_to_f32x2(pair, *, loc=None, ip=None):
+    """Two e4m3 bytes (low 16 bits of `pair`, first scale in the low byte) to two exact fp32 values.
+
+    `cvt.rn.f16x2.e4m3x2` exists on sm_89 and later (sm_90 included); every finite e4m3 value, subnormals
+    included, is exact in f16, and NaN stays NaN.
+    """
+    h2 = _asm_u32(
+        [pair],
+        "{\n\t.reg .b16 s;\n\tcvt.u16.u32 s, $1;\n\tcvt.rn.f16x2.e4m3x2 $0, s;\n\t}",
+        "=r,r",
+        loc,
+        ip,
+    )
+    lo = _asm_u32([h2], "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 $0, l;\n\t}", "=r,r", loc, ip)
+    hi = _asm_u32([h2], "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 $0, h;\n\t}", "=r,r", loc, ip)
+    return (
+        Float32(llvm.bitcast(T.f32(), lo.ir_value(loc=loc, ip=ip), loc=loc, ip=ip)),
+        Float32(llvm.bitcast(T.f32(), hi.ir_value(loc=loc, ip=ip), loc=loc, ip=ip)),
+    )
+
+
+@dsl_user_op
+def e2m1x2_to_f16x2(byte_word, *, loc=None, ip=None) -> Uint32:
+    """`cvt.rn.f16x2.e2m1x2` (sm_100a and later): the low byte's two codes to f16x2, even element in the low half."""
+    return _asm_u32(
+        [byte_word],
+        "{\n\t.reg .b8 s;\n\tcvt.u8.u32 s, $1;\n\tcvt.rn.f16x2.e2m1x2 $0, s;\n\t}",
+        "=r,r",
+        loc,
+        ip,
+    )
+
+
+@dsl_user_op
+def hfma2(a, b, c, *, loc=None, ip=None) -> Uint32:
+    """`fma.rn.f16x2` on packed words (one HFMA2)."""
+    return _asm_u32([a, b, c], "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", loc, ip)
+
+
+@dsl_user_op
+def f16x2_sum_f32(h2, *, loc=None, ip=None) -> Float32:
+    """The two f16 lanes of a packed word, each widened exactly to fp32, then added in fp32."""
+    s = _asm_u32(
+        [h2],
+        "{\n\t.reg .b16 l, h;\n\t.reg .f32 a, b;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 a, l;\n\t"
+        "cvt.f32.f16 b, h;\n\tadd.rn.f32 a, a, b;\n\tmov.b32 $0, a;\n\t}",
+        "=r,r",
+        loc,
+        ip,
+    )
+    return Float32(llvm.bitcast(T.f32(), s.ir_value(loc=loc, ip=ip), loc=loc, ip=ip))
+
+
+# --- the arch switch --------------------------------------------------------------------------------------------
+#
+# prepare_b(arch, word) turns one 32-bit word of b (8 codes) into what block_dot needs for those 8 elements;
+# block_dot(arch, a0, a1, bp) is the exact sum over one 16-element block (words a0, a1 of A), as fp32;
+# block_scale(arch) is the constant that the block sum carries (the int path sums 2a·2b).
+
+
+def prepare_b(arch: str, w):
+    """Per 8 elements of b: sm_90 -> (signed lo, signed hi, negated lo, negated hi) int8x4 words;
+    sm_100 -> four f16x2 words."""
+    if const_expr(arch == "sm_90"):
+        w = Uint32(w)
+        wn = w ^ Uint32(SIGN_BITS)
+        p_lo = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, w)
+        p_hi = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, w >> 16)
+        n_lo = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, wn)
+        n_hi = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, wn >> 16)
+        bias = Uint32(BYTE_BIAS)
+        return (
+            ((p_lo | bias) - n_lo) ^ bias,
+            ((p_hi | bias) - n_hi) ^ bias,
+            ((n_lo | bias) - p_lo) ^ bias,
+            ((n_hi | bias) - p_hi) ^ bias,
+        )
+    else:
+        w = Uint32(w)
+        return (
+            e2m1x2_to_f16x2(w),
+            e2m1x2_to_f16x2(w >> 8),
+            e2m1x2_to_f16x2(w >> 16),
+            e2m1x2_to_f16x2(w >> 24),
+        )
+
+
+def _word_dot(arch: str, x, bp, acc):
+    if const_expr(arch == "sm_90"):
+        x = Uint32(x)
+        xn = x ^ Uint32(SIGN_BITS)
+        acc = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, x), bp[0], acc)
+        acc = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, x >> 16), bp[1], acc)
+        acc = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, xn), bp[2], acc)
+        acc = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, xn >> 16), bp[3], acc)
+        return acc
+    else:
+        x = Uint32(x)
+        acc = hfma2(e2m1x2_to_f16x2(x), bp[0], acc)
+        acc = hfma2(e2m1x2_to_f16x2(x >> 8), bp[1], acc)
+        acc = hfma2(e2m1x2_to_f16x2(x >> 16), bp[2], acc)
+        acc = hfma2(e2m1x2_to_f16x2(x >> 24), bp[3], acc)
+        return acc
+
+
+def block_dot(arch: str, a0, a1, bp0, bp1) -> Float32:
+    """Exact Σ over one 16-element block, times block_scale(arch): A words a0, a1 against prepared b words."""
+    if const_expr(arch == "sm_90"):
+        acc = _word_dot(arch, a1, bp1, _word_dot(arch, a0, bp0, Int32(0)))
+        return Float32(acc)
+    else:
+        acc = _word_dot(arch, a1, bp1, _word_dot(arch, a0, bp0, Uint32(0)))
+        return f16x2_sum_f32(acc)
+
+
+def block_scale(arch: str) -> float:
+    return 0.25 if arch == "sm_90" else 1.0

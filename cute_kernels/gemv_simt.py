@@ -1,0 +1,252 @@
+"""NVFP4 batched GEMV on CUDA cores: c[m, l] = Σ_k A[m,k,l]·sfa[m,k/16,l]·b[k,l]·sfb[k/16,l], all L in one launch.
+
+One kernel for sm_90 (H200: fp4 decoded with prmt lookups, dp4a) and sm_100 (hardware `cvt.rn.f16x2.e2m1x2`,
+fma.rn.f16x2); `decode.py` is the only arch switch. The scales of A and b are read through a `layouts/` layout
+in (row, scale column, batch) coordinates, so the contest's permuted `(32,4,rest_m,4,rest_k,L)` buffer and the plain
+`(M, K/16, L)` one go through the same code: the layout is a compile-time parameter.
+
+Work split. A thread owns one 32-element K piece (16 bytes of A: one 128-bit load, two scale blocks) for the four
+rows r, r+32, r+64, r+96 of a 128-row slab: exactly the rows whose scales of one 64-element group sit in 16
+contiguous bytes of the permuted buffer. A warp is 8 such r × 4 consecutive pieces:
+
+    lane = 4·ri + c        rows  r = r0 + ri (+ 8·i for i < rows_per_thread), and r + 32q for q < 4
+                           piece p = 4·(step·warps + warp) + c  ->  bytes [16p, 16p+16) of each row
+    per row and load:      4 lanes read 64 contiguous bytes (2 full sectors); permuted scales: 8 rows × 16 B
+                           = 128 contiguous bytes per scale group
+
+Warps take interleaved K windows; each thread sums its blocks in fp32 in K order, then lanes (xor 1, 2) and warps
+(in warp order, through shared memory) are added in a fixed order, so the result is bit-identical run to run.
+"""
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.utils
+from cutlass import Float16, Float32, Int32, Uint8, Uint32, const_expr
+
+from cute_kernels import decode
+from layouts.sf_cute import sf_layout_by_col
+
+ARCHS = ("sm_90", "sm_100")
+SF_KINDS = ("permuted", "plain")
+PIECE_K = 32  # K elements per thread per step: one 16-byte load of A
+PIECE_WORDS = PIECE_K // 8
+
+
+@dataclass(frozen=True)
+class GemvSimtConfig:
+    """The cache key of one compiled kernel."""
+
+    arch: str = "sm_90"  # decode path: "sm_90" (prmt + dp4a) or "sm_100" (cvt e2m1x2 + fma f16x2)
+    sf_kind: str = "permuted"  # layout of sfa and sfb: "permuted" (32,4,rest_m,4,rest_k,L) or "plain" (M,K/16,L)
+    warps: int = 8  # warps per CTA, each on its own K windows
+    rows_per_thread: int = 1  # r values per thread; a CTA covers 32·rows_per_thread rows of one slab
+
+    def __post_init__(self):
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.sf_kind not in SF_KINDS:
+            raise ValueError(f"sf_kind must be one of {SF_KINDS}, got {self.sf_kind!r}")
+        if self.rows_per_thread not in (1, 2, 4):
+            raise ValueError(f"rows_per_thread must be 1, 2 or 4, got {self.rows_per_thread}")
+        if not 1 <= self.warps <= 32:
+            raise ValueError(f"warps must be in 1..32, got {self.warps}")
+
+    @property
+    def rows_per_cta(self) -> int:
+        return 32 * self.rows_per_thread
+
+    @property
+    def ctas_per_slab(self) -> int:
+        return 128 // self.rows_per_cta
+
+
+class GemvSimt:
+    def __init__(self, config: GemvSimtConfig):
+        self.cfg = config
+        self.arch = config.arch
+        self.warps = config.warps
+        self.rr = config.rows_per_thread
+        self.sf_padded = config.sf_kind == "permuted"  # every row of every 128-row slab exists in the buffer
+
+    @staticmethod
+    def can_implement(m: int, k: int, l: int) -> bool:
+        return m >= 1 and l >= 1 and k >= 64 and k % 64 == 0 and m * k // 2 * l < 2**31
+
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mSFA: cute.Tensor,
+        mSFB: cute.Tensor,
+        mC: cute.Tensor,
+        stream,
+    ):
+        m, k, l = mA.shape
+        kw = k // 8
+        # Packed fp4 as 32-bit words: 8 codes a word, the lowest nibble first.
+        a_words = cute.make_tensor(
+            cute.recast_ptr(mA.iterator, dtype=Uint32), cute.make_layout((m, kw, l), stride=(kw, 1, m * kw))
+        )
+        b_words = cute.make_tensor(
+            cute.recast_ptr(mB.iterator, dtype=Uint32), cute.make_layout((128, kw, l), stride=(kw, 1, 128 * kw))
+        )
+        sfa = cute.make_tensor(
+            cute.recast_ptr(mSFA.iterator, dtype=Uint8), sf_layout_by_col(self.cfg.sf_kind, m, k, l)
+        )
+        sfb = cute.make_tensor(
+            cute.recast_ptr(mSFB.iterator, dtype=Uint8), sf_layout_by_col(self.cfg.sf_kind, 128, k, l)
+        )
+        c_ml = cute.make_tensor(mC.iterator, cute.make_layout((m, l), stride=(1, m)))
+        n_slabs = (m + 127) // 128
+        self.kernel(a_words, b_words, sfa, sfb, c_ml, m, k).launch(
+            grid=[n_slabs * self.cfg.ctas_per_slab, l, 1],
+            block=[32 * self.warps, 1, 1],
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        a_words: cute.Tensor,
+        b_words: cute.Tensor,
+        sfa: cute.Tensor,
+        sfb: cute.Tensor,
+        c_ml: cute.Tensor,
+        m: Int32,
+        k: Int32,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidl, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        warp = tidx // 32
+        ri = lane // 4
+        c = lane % 4
+        slab = bidx // self.cfg.ctas_per_slab
+        r0 = (bidx % self.cfg.ctas_per_slab) * self.cfg.rows_per_cta // 4
+
+        n_pieces = k // PIECE_K
+        pieces_per_step = 4 * self.warps
+        n_steps = (n_pieces + pieces_per_step - 1) // pieces_per_step
+        inv = Float32(decode.block_scale(self.arch))
+
+        acc = cute.make_rmem_tensor(cute.make_layout((self.rr, 4)), Float32)
+        acc.fill(0.0)
+
+        for step in cutlass.range(n_steps, unroll=1):
+            piece = (step * self.warps + warp) * 4 + c
+            if piece < n_pieces:
+                grp = piece // 2
+                half = piece % 2
+                # Loads first: every A row and scale word of this step is in flight before any decode.
+                rA = cute.make_rmem_tensor(cute.make_layout((PIECE_WORDS, 4, self.rr)), Uint32)
+                rS = cute.make_rmem_tensor(cute.make_layout((4, 4, self.rr), stride=(4, 1, 16)), Uint8)  # (q, jj, i)
+                for i in cutlass.range_constexpr(self.rr):
+                    r = r0 + ri + 8 * i
+                    for q in cutlass.range_constexpr(4):
+                        row = cutlass.min(slab * 128 + q * 32 + r, m - 1)
+                        cute.autovec_copy(
+                            cute.local_tile(a_words[row, None, bidl], (PIECE_WORDS,), (piece,)), rA[None, q, i]
+                        )
+                    if const_expr(self.sf_padded):
+                        # (q, jj) of one r: 16 contiguous bytes in the permuted buffer.
+                        cute.autovec_copy(sfa[((r, None, slab), (None, grp), bidl)], rS[None, None, i])
+                    else:
+                        for q in cutlass.range_constexpr(4):
+                            row = cutlass.min(slab * 128 + q * 32 + r, m - 1)
+                            cute.autovec_copy(
+                                sfa[((row % 32, (row // 32) % 4, row // 128), (None, grp), bidl)], rS[q, None, i]
+                            )
+                rB = cute.make_rmem_tensor(cute.make_layout(PIECE_WORDS), Uint32)
+                cute.autovec_copy(cute.local_tile(b_words[0, None, bidl], (PIECE_WORDS,), (piece,)), rB)
+                rSB = cute.make_rmem_tensor(cute.make_layout(4), Uint8)
+                cute.autovec_copy(sfb[((0, 0, 0), (None, grp), bidl)], rSB)
+
+                sb = cute.recast_tensor(rSB, Uint32)[0] >> (half * 16)
+                sb0, sb1 = decode.e4m3x2_to_f32x2(sb)
+                sb0 = sb0 * inv
+                sb1 = sb1 * inv
+                bp0 = decode.prepare_b(self.arch, rB[0])
+                bp1 = decode.prepare_b(self.arch, rB[1])
+                bp2 = decode.prepare_b(self.arch, rB[2])
+                bp3 = decode.prepare_b(self.arch, rB[3])
+                for i in cutlass.range_constexpr(self.rr):
+                    rS32 = cute.recast_tensor(rS[None, None, i], Uint32)
+                    for q in cutlass.range_constexpr(4):
+                        sa0, sa1 = decode.e4m3x2_to_f32x2(rS32[q] >> (half * 16))
+                        d0 = decode.block_dot(self.arch, rA[0, q, i], rA[1, q, i], bp0, bp1)
+                        d1 = decode.block_dot(self.arch, rA[2, q, i], rA[3, q, i], bp2, bp3)
+                        acc[i, q] = acc[i, q] + d0 * (sa0 * sb0)
+                        acc[i, q] = acc[i, q] + d1 * (sa1 * sb1)
+
+        # Lanes c = 0..3 of a row, then warps in order: a fixed summation tree.
+        smem = cutlass.utils.SmemAllocator()
+        red = smem.allocate_tensor(Float32, cute.make_layout((self.cfg.rows_per_cta, self.warps)), 16)
+        for i in cutlass.range_constexpr(self.rr):
+            for q in cutlass.range_constexpr(4):
+                v = acc[i, q]
+                v = v + cute.arch.shuffle_sync_bfly(v, offset=1)
+                v = v + cute.arch.shuffle_sync_bfly(v, offset=2)
+                if c == 0:
+                    red[q * 8 * self.rr + 8 * i + ri, warp] = v
+        cute.arch.sync_threads()
+        if tidx < self.cfg.rows_per_cta:
+            t = tidx
+            q = t // (8 * self.rr)
+            rr_ri = t % (8 * self.rr)
+            row = slab * 128 + q * 32 + r0 + (rr_ri % 8) + 8 * (rr_ri // 8)
+            s = red[t, 0]
+            for w in cutlass.range_constexpr(1, self.warps):
+                s = s + red[t, w]
+            if row < m:
+                c_ml[row, bidl] = s.to(Float16)
+
+
+def _fake_inputs(sf_kind: str):
+    """Fake tensors with dynamic M, K, L and the contest's strides, for one compile that serves every shape."""
+    from cutlass.cute.runtime import make_fake_tensor
+
+    m = cute.sym_int()
+    k = cute.sym_int(divisibility=64)
+    l = cute.sym_int()
+    kb = cute.sym_int(divisibility=32)  # K/2 bytes
+    fp4 = cutlass.Float4E2M1FN
+    a = make_fake_tensor(fp4, (m, k, l), stride=(k, 1, cute.sym_int(divisibility=64)), assumed_align=16)
+    b = make_fake_tensor(fp4, (128, k, l), stride=(k, 1, cute.sym_int(divisibility=64)), assumed_align=16)
+    e4m3 = cutlass.Float8E4M3FN
+    if sf_kind == "permuted":
+        rm, rk = cute.sym_int(), cute.sym_int()
+        sfa = make_fake_tensor(
+            e4m3,
+            (32, 4, rm, 4, rk, l),
+            stride=(16, 4, cute.sym_int(divisibility=512), 1, 512, cute.sym_int(divisibility=512)),
+            assumed_align=16,
+        )
+        sfb = make_fake_tensor(
+            e4m3,
+            (32, 4, 1, 4, rk, l),
+            stride=(16, 4, cute.sym_int(divisibility=512), 1, 512, cute.sym_int(divisibility=512)),
+            assumed_align=16,
+        )
+    else:
+        kc = cute.sym_int(divisibility=4)
+        sfa = make_fake_tensor(e4m3, (m, kc, l), stride=(kc, 1, cute.sym_int(divisibility=4)), assumed_align=16)
+        sfb = make_fake_tensor(e4m3, (128, kc, l), stride=(kc, 1, cute.sym_int(divisibility=4)), assumed_align=16)
+    del kb
+    c = make_fake_tensor(Float16, (m, 1, l), stride=(1, 1, m), assumed_align=16)
+    return a, b, sfa, sfb, c
+
+
+@lru_cache(maxsize=None)
+def compile(config: GemvSimtConfig, gpu_arch: str = ""):
+    """Compile once per config on fake tensors; the result takes torch tensors (TVM-FFI) on the current stream."""
+    from cutlass.cute.runtime import make_fake_stream
+
+    a, b, sfa, sfb, c = _fake_inputs(config.sf_kind)
+    opts = "--enable-tvm-ffi" + (f" --gpu-arch {gpu_arch}" if gpu_arch else "")
+    return cute.compile(
+        GemvSimt(config), a, b, sfa, sfb, c, make_fake_stream(use_tvm_ffi_env_stream=True), options=opts
+    )

@@ -1,0 +1,565 @@
+"""NVFP4 batched GEMV on Blackwell (sm_100a) block-scaled tensor cores: c[m,0,l] = fp16(sum_k A*SFA * b*SFB).
+
+Data: A (M, K, L) fp4 K-major, b (rows >= 1, K, L) fp4 (row 0 is the vector), scales in the permuted
+(32,4,rest_m,4,rest_k,L) layout of CONTRACT.md, which is the 32x4x4 atom the MMA reads, so SFA goes
+global -> shared (TMA) -> tensor memory (tcgen05.cp) unchanged. c (M, 1, L) fp16.
+
+Design: one tcgen05 `kind::mxf4nvf4` MMA of 128 x N=8 x 64 per K block (N=8 is the smallest legal N with
+CtaGroup.ONE; column 0 of the accumulator is the GEMV, columns 1..7 are b's rows 1..7 and are discarded).
+Warp roles: warp 5 issues TMA into a `stages`-deep shared ring, warp 4 issues tcgen05.cp + MMA into a
+double-buffered fp32 TMEM accumulator, warps 0-3 read it back (tcgen05.ld 32x32b, one row a thread).
+The grid is one CTA per SM under the deterministic stream-K schedule of `tile_scheduler`: a tile split over
+several CTAs is finished by the last CTA to arrive (integer arrival counter), which sums the fp32 partials in
+CTA order. No float atomics: results are bit-identical run to run.
+
+Shapes: any M >= 1 (TMA zero-fills rows past M; stores are predicated), any K that is a multiple of 64
+(a last K tile shorter than `tile_k` is zero-filled by TMA, values and scales alike), any L >= 1.
+
+PREDICTION for a B200 (148 SMs, ~8 TB/s), not a measurement (no B200 was available; nothing here has run):
+    (M, K, L)          K tiles/CTA   bytes     SOL      predicted
+    (7168, 16384, 1)   24.2          66.1 MB   8.62 us  ~10-11 us: A+SFA stream at ~85% of HBM peak
+    (4096, 7168, 8)    48.4         132.2 MB  17.28 us  ~20 us
+    (7168, 2048, 4)    12.1          33.1 MB   4.32 us  ~6-7 us: launch + pipeline fill dominate
+Stream-K balances every shape to within one 256-wide K tile per SM, where a fixed split-K would leave
+24% (shape 1, 2 splits on 56 tiles) or 13% (shape 2, 256 tiles) of the SMs idle or doubly loaded.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.blackwell_helpers as sm100_utils
+import cutlass.utils.blockscaled_layout as blockscaled_utils
+from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
+from cutlass.memory import SmemAllocator, TmemAllocator
+
+from cute_kernels import tile_scheduler as ts
+from layouts import sf_cute
+
+SF_VEC = 16  # fp4 elements per e4m3 scale
+MMA_K = 64  # K of one kind::mxf4nvf4 MMA
+TILE_M = ts.TILE_M
+SM100_SMEM_BYTES = 232448
+SM100_NUM_SMS = 148
+SF_TMEM_COL = 32  # first TMEM column of SFA; SFB follows it. Accumulators use columns [0, N * acc_stages).
+
+
+@dataclass(frozen=True)
+class GemvTcSm100Config:
+    """Compile-time choices; the instance is the compile cache key."""
+
+    tile_k: int = 256  # K elements per pipeline stage (4 MMAs); 128 B of A per row -> 128B swizzle
+    stages: int = 8  # shared-memory ring depth: 8 x 21.5 KB; ~147 KB of A+SFA in flight per SM
+    mma_n: int = 8  # MMA N: the smallest legal N for CtaGroup.ONE, M=128
+    acc_stages: int = 2  # TMEM accumulators, so the epilogue of one segment overlaps the next's MMAs
+
+    def smem_bytes(self) -> int:
+        a = TILE_M * self.tile_k // 2
+        b = self.mma_n * self.tile_k // 2
+        sf = 128 * (self.tile_k // SF_VEC)  # SFA, and SFB staged as a 128-row block
+        return self.stages * (a + b + 2 * sf) + 1024
+
+
+class GemvTcSm100:
+    """Block-scaled tensor-core GEMV for sm_100a; see the module docstring."""
+
+    threads = 192
+    epi_warps = 4
+    mma_warp = 4
+    tma_warp = 5
+
+    def __init__(self, config: GemvTcSm100Config = GemvTcSm100Config()):
+        assert config.tile_k % MMA_K == 0 and config.mma_n % 8 == 0 and 8 <= config.mma_n <= 256
+        assert config.smem_bytes() <= SM100_SMEM_BYTES, "shared-memory ring too large"
+        assert config.mma_n * config.acc_stages <= SF_TMEM_COL, "accumulators overlap the scales in TMEM"
+        self.config = config
+        self.mma_tiler = (TILE_M, config.mma_n, config.tile_k)
+        self.mma_tiler_sfb = (TILE_M, 128, config.tile_k)  # SF helpers stage B's scales as 128 rows
+        self.num_kblocks = config.tile_k // MMA_K
+
+    @staticmethod
+    def can_implement(m: int, k: int, l: int) -> bool:
+        """M >= 1, K a positive multiple of 64 (one MMA K and one 32-byte TMA row), L >= 1."""
+        return m >= 1 and k >= MMA_K and k % MMA_K == 0 and l >= 1
+
+    def _make_tiled_mmas(self):
+        def make(n):
+            return sm100_utils.make_blockscaled_trivial_tiled_mma(
+                cutlass.Float4E2M1FN,
+                cutlass.Float4E2M1FN,
+                OperandMajorMode.K,
+                OperandMajorMode.K,
+                cutlass.Float8E4M3FN,
+                SF_VEC,
+                tcgen05.CtaGroup.ONE,
+                (TILE_M, n),
+            )
+
+        return make(self.config.mma_n), make(128)
+
+    @cute.jit
+    def __call__(
+        self,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mSFA: cute.Tensor,
+        mSFB: cute.Tensor,
+        mC: cute.Tensor,
+        mPartial: cute.Tensor,
+        mArrival: cute.Tensor,
+        num_ctas: cutlass.Int32,
+        stream,
+    ):
+        stages = self.config.stages
+        tiled_mma, tiled_mma_sfb = self._make_tiled_mmas()
+        cluster_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
+
+        # Scale views: the permuted buffers as (((32,4),rest_mn),((16,4),rest_k),(1,L)) over (row, K element, batch).
+        sfa_mkl = cute.make_tensor(mSFA.iterator, sf_cute.sf_layout_permuted_mkl(*mA.shape))
+        sfb_nkl = cute.make_tensor(mSFB.iterator, sf_cute.sf_layout_permuted_mkl(*mB.shape))
+
+        a_smem = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, cutlass.Float4E2M1FN, stages)
+        b_smem = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, cutlass.Float4E2M1FN, stages)
+        sfa_smem = blockscaled_utils.make_smem_layout_sfa(tiled_mma, self.mma_tiler, SF_VEC, stages)
+        sfb_smem = blockscaled_utils.make_smem_layout_sfb(tiled_mma, self.mma_tiler, SF_VEC, stages)
+        a_smem_1 = cute.slice_(a_smem, (None, None, None, 0))
+        b_smem_1 = cute.slice_(b_smem, (None, None, None, 0))
+        sfa_smem_1 = cute.slice_(sfa_smem, (None, None, None, 0))
+        sfb_smem_1 = cute.slice_(sfb_smem, (None, None, None, 0))
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp(tcgen05.CtaGroup.ONE)
+        tma_atom_a, tma_a = cute.nvgpu.make_tiled_tma_atom_A(
+            g2s, mA, a_smem_1, self.mma_tiler, tiled_mma, cluster_vmnk.shape
+        )
+        tma_atom_b, tma_b = cute.nvgpu.make_tiled_tma_atom_B(
+            g2s, mB, b_smem_1, self.mma_tiler, tiled_mma, cluster_vmnk.shape
+        )
+        tma_atom_sfa, tma_sfa = cute.nvgpu.make_tiled_tma_atom_A(
+            g2s, sfa_mkl, sfa_smem_1, self.mma_tiler, tiled_mma, cluster_vmnk.shape,
+            internal_type=cutlass.Int16,
+        )
+        tma_atom_sfb, tma_sfb = cute.nvgpu.make_tiled_tma_atom_B(
+            g2s, sfb_nkl, sfb_smem_1, self.mma_tiler_sfb, tiled_mma_sfb, cluster_vmnk.shape,
+            internal_type=cutlass.Int16,
+        )
+        self.tx_bytes = (
+            cute.size_in_bytes(cutlass.Float4E2M1FN, a_smem_1)
+            + cute.size_in_bytes(cutlass.Float4E2M1FN, b_smem_1)
+            + cute.size_in_bytes(cutlass.Float8E4M3FN, sfa_smem_1)
+            + cute.size_in_bytes(cutlass.Float8E4M3FN, sfb_smem_1)
+        )
+
+        @cute.struct
+        class SharedStorage:
+            ab_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            acc_mbar: cute.struct.MemRange[cutlass.Int64, self.config.acc_stages * 2]
+            tmem_base: cutlass.Int32
+            arrival: cutlass.Int32
+            sA: cute.struct.Align[cute.struct.MemRange[cutlass.Float4E2M1FN, cute.cosize(a_smem.outer)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[cutlass.Float4E2M1FN, cute.cosize(b_smem.outer)], 1024]
+            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, cute.cosize(sfa_smem)], 128]
+            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, cute.cosize(sfb_smem)], 128]
+
+        self.shared_storage = SharedStorage
+
+        self.kernel(
+            tiled_mma, tiled_mma_sfb,
+            tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_sfa, tma_sfa, tma_atom_sfb, tma_sfb,
+            mC, mPartial, mArrival,
+            a_smem, b_smem, sfa_smem, sfb_smem,
+            num_ctas,
+        ).launch(
+            grid=(num_ctas, 1, 1),
+            block=(self.threads, 1, 1),
+            cluster=(1, 1, 1),
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(
+        self,
+        tiled_mma: cute.TiledMma,
+        tiled_mma_sfb: cute.TiledMma,
+        tma_atom_a: cute.CopyAtom,
+        mA_mkl: cute.Tensor,
+        tma_atom_b: cute.CopyAtom,
+        mB_nkl: cute.Tensor,
+        tma_atom_sfa: cute.CopyAtom,
+        mSFA_mkl: cute.Tensor,
+        tma_atom_sfb: cute.CopyAtom,
+        mSFB_nkl: cute.Tensor,
+        mC_mnl: cute.Tensor,
+        mPartial: cute.Tensor,
+        mArrival: cute.Tensor,
+        a_smem: cute.ComposedLayout,
+        b_smem: cute.ComposedLayout,
+        sfa_smem: cute.Layout,
+        sfb_smem: cute.Layout,
+        num_ctas: cutlass.Int32,
+    ):
+        cfg = self.config
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+
+        if warp_idx == self.tma_warp:
+            cpasync.prefetch_descriptor(tma_atom_a)
+            cpasync.prefetch_descriptor(tma_atom_b)
+            cpasync.prefetch_descriptor(tma_atom_sfa)
+            cpasync.prefetch_descriptor(tma_atom_sfb)
+
+        smem = SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+
+        ab_pipe = pipeline.PipelineTmaUmma.create(
+            barrier_storage=storage.ab_mbar.data_ptr(),
+            num_stages=cfg.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 1),
+            tx_count=self.tx_bytes,
+        )
+        acc_pipe = pipeline.PipelineUmmaAsync.create(
+            barrier_storage=storage.acc_mbar.data_ptr(),
+            num_stages=cfg.acc_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * self.epi_warps),
+        )
+        tmem = TmemAllocator(
+            storage.tmem_base.ptr,
+            barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=1, num_threads=32 * (self.epi_warps + 1)),
+            allocator_warp_id=0,
+        )
+        epi_barrier = pipeline.NamedBarrier(barrier_id=2, num_threads=32 * self.epi_warps)
+
+        sA = storage.sA.get_tensor(a_smem.outer, swizzle=a_smem.inner)
+        sB = storage.sB.get_tensor(b_smem.outer, swizzle=b_smem.inner)
+        sSFA = storage.sSFA.get_tensor(sfa_smem)
+        sSFB = storage.sSFB.get_tensor(sfb_smem)
+
+        # (bM, bK, RestM, RestK, RestL) and friends
+        gA = cute.local_tile(mA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
+        gB = cute.local_tile(mB_nkl, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
+        gSFA = cute.local_tile(mSFA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
+        gSFB = cute.local_tile(mSFB_nkl, cute.slice_(self.mma_tiler_sfb, (0, None, None)), (None, None, None))
+        thr_mma = tiled_mma.get_slice(0)
+        thr_mma_sfb = tiled_mma_sfb.get_slice(0)
+        tCgA = thr_mma.partition_A(gA)
+        tCgB = thr_mma.partition_B(gB)
+        tCgSFA = thr_mma.partition_A(gSFA)
+        tCgSFB = thr_mma_sfb.partition_B(gSFB)
+
+        one_cta = cute.make_layout(1)
+        # ((atom_v, rest_v), STAGE) / ((atom_v, rest_v), RestMN, RestK, RestL)
+        tAsA, tAgA = cpasync.tma_partition(
+            tma_atom_a, 0, one_cta, cute.group_modes(sA, 0, 3), cute.group_modes(tCgA, 0, 3)
+        )
+        tBsB, tBgB = cpasync.tma_partition(
+            tma_atom_b, 0, one_cta, cute.group_modes(sB, 0, 3), cute.group_modes(tCgB, 0, 3)
+        )
+        tAsSFA, tAgSFA = cpasync.tma_partition(
+            tma_atom_sfa, 0, one_cta, cute.group_modes(sSFA, 0, 3), cute.group_modes(tCgSFA, 0, 3)
+        )
+        tBsSFB, tBgSFB = cpasync.tma_partition(
+            tma_atom_sfb, 0, one_cta, cute.group_modes(sSFB, 0, 3), cute.group_modes(tCgSFB, 0, 3)
+        )
+        tAsSFA = cute.filter_zeros(tAsSFA)
+        tAgSFA = cute.filter_zeros(tAgSFA)
+        tBsSFB = cute.filter_zeros(tBsSFB)
+        tBgSFB = cute.filter_zeros(tBgSFB)
+
+        tCrA = tiled_mma.make_fragment_A(sA)  # (MMA, MMA_M, MMA_K, STAGE)
+        tCrB = tiled_mma.make_fragment_B(sB)  # (MMA, MMA_N, MMA_K, STAGE)
+        acc_shape = tiled_mma.partition_shape_C(self.mma_tiler[:2])
+        tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, cfg.acc_stages))
+
+        # Schedule, in Int64 so cta * total_work cannot overflow.
+        m = mC_mnl.shape[0]
+        k = mA_mkl.shape[1]
+        l = mC_mnl.shape[2]
+        m_tiles = cutlass.Int64(ts.num_m_tiles(m))
+        k_tiles = cutlass.Int64(ts.num_k_tiles(k, cfg.tile_k))
+        total = m_tiles * cutlass.Int64(l) * k_tiles
+        g = cutlass.Int64(cta)
+        G = cutlass.Int64(num_ctas)
+        w_begin = ts.cta_work_begin(g, G, total)
+        w_end = ts.cta_work_begin(g + 1, G, total)
+
+        if warp_idx == self.tma_warp:
+            ab_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
+            w = w_begin
+            while w < w_end:
+                tile, k0, k1, w_next = ts.next_segment(w, w_end, k_tiles, cutlass.min)
+                m_tile, l_idx = ts.output_tile_coord(tile, m_tiles)
+                mt = cutlass.Int32(m_tile)
+                li = cutlass.Int32(l_idx)
+                tAgA_t = tAgA[(None, mt, None, li)]
+                tBgB_t = tBgB[(None, 0, None, li)]
+                tAgSFA_t = tAgSFA[(None, mt, None, li)]
+                tBgSFB_t = tBgSFB[(None, 0, None, li)]
+                for kt in cutlass.range(cutlass.Int32(k0), cutlass.Int32(k1), 1, unroll=1):
+                    ab_pipe.producer_acquire(ab_state)
+                    bar = ab_pipe.producer_get_barrier(ab_state)
+                    cute.copy(tma_atom_a, tAgA_t[(None, kt)], tAsA[(None, ab_state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_atom_b, tBgB_t[(None, kt)], tBsB[(None, ab_state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_atom_sfa, tAgSFA_t[(None, kt)], tAsSFA[(None, ab_state.index)], tma_bar_ptr=bar)
+                    cute.copy(tma_atom_sfb, tBgSFB_t[(None, kt)], tBsSFB[(None, ab_state.index)], tma_bar_ptr=bar)
+                    ab_state.advance()
+                w = w_next
+            ab_pipe.producer_tail(ab_state)
+
+        if warp_idx == self.mma_warp:
+            tmem.wait_for_alloc()
+            acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
+            tCtAcc_base = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
+            # Scales live past the accumulators, from column SF_TMEM_COL (32-column aligned).
+            acc_cols = SF_TMEM_COL
+            tCtSFA_layout = blockscaled_utils.make_tmem_layout_sfa(
+                tiled_mma, self.mma_tiler, SF_VEC, cute.slice_(sfa_smem, (None, None, None, 0))
+            )
+            tCtSFA = cute.make_tensor(cute.recast_ptr(acc_ptr + acc_cols, dtype=cutlass.Float8E4M3FN), tCtSFA_layout)
+            sfa_cols = tcgen05.find_tmem_tensor_col_offset(tCtSFA)
+            tCtSFB_layout = blockscaled_utils.make_tmem_layout_sfb(
+                tiled_mma, self.mma_tiler, SF_VEC, cute.slice_(sfb_smem, (None, None, None, 0))
+            )
+            tCtSFB = cute.make_tensor(
+                cute.recast_ptr(acc_ptr + acc_cols + sfa_cols, dtype=cutlass.Float8E4M3FN), tCtSFB_layout
+            )
+            s2t_sfa, tCsSFA_s2t, tCtSFA_s2t = self._s2t_partition(sSFA, tCtSFA)
+            s2t_sfb, tCsSFB_s2t, tCtSFB_s2t = self._s2t_partition(sSFB, tCtSFB)
+
+            ab_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
+            acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.acc_stages)
+            w = w_begin
+            while w < w_end:
+                tile, k0, k1, w_next = ts.next_segment(w, w_end, k_tiles, cutlass.min)
+                acc_pipe.producer_acquire(acc_state)
+                tCtAcc = tCtAcc_base[(None, None, None, acc_state.index)]
+                tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
+                for kt in cutlass.range(cutlass.Int32(k0), cutlass.Int32(k1), 1, unroll=1):
+                    ab_pipe.consumer_wait(ab_state)
+                    s = ab_state.index
+                    cute.copy(s2t_sfa, tCsSFA_s2t[(None, None, None, None, s)], tCtSFA_s2t)
+                    cute.copy(s2t_sfb, tCsSFB_s2t[(None, None, None, None, s)], tCtSFB_s2t)
+                    for kb in cutlass.range_constexpr(self.num_kblocks):
+                        cute.gemm(
+                            tiled_mma,
+                            tCtAcc,
+                            [tCrA[(None, None, kb, s)], tCtSFA[(None, None, kb)]],
+                            [tCrB[(None, None, kb, s)], tCtSFB[(None, None, kb)]],
+                            tCtAcc,
+                        )
+                        tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
+                    ab_pipe.consumer_release(ab_state)
+                    ab_state.advance()
+                acc_pipe.producer_commit(acc_state)
+                acc_state.advance()
+                w = w_next
+            acc_pipe.producer_tail(acc_state)
+
+        if warp_idx < self.epi_warps:
+            tmem.allocate(self._tmem_cols())
+            tmem.wait_for_alloc()
+            acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
+            tCtAcc_base = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
+            # (128, N, STAGE) accumulator view; one TMEM lane (= output row) per thread
+            tAcc = tCtAcc_base[((None, None), 0, 0, None)]
+            t2r = tcgen05.make_tmem_copy(
+                cute.make_copy_atom(
+                    tcgen05.Ld32x32bOp(tcgen05.Repetition(cfg.mma_n), tcgen05.Pack.NONE), cutlass.Float32
+                ),
+                tAcc[(None, None, 0)],
+            )
+            thr_t2r = t2r.get_slice(tidx)
+            tTR_tAcc = thr_t2r.partition_S(tAcc)  # (T2R, T2R_M, T2R_N, STAGE)
+            tTR_cAcc = thr_t2r.partition_D(cute.make_identity_tensor(self.mma_tiler[:2]))
+            tTR_rAcc = cute.make_rmem_tensor(tTR_cAcc.shape, cutlass.Float32)
+            sArrival = cute.make_tensor(storage.arrival.ptr, cute.make_layout(1))
+
+            acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.acc_stages)
+            w = w_begin
+            while w < w_end:
+                tile, k0, k1, w_next = ts.next_segment(w, w_end, k_tiles, cutlass.min)
+                m_tile, l_idx = ts.output_tile_coord(tile, m_tiles)
+
+                acc_pipe.consumer_wait(acc_state)
+                cute.copy(t2r, tTR_tAcc[(None, None, None, acc_state.index)], tTR_rAcc)
+                cute.arch.fence_view_async_tmem_load()
+                acc_pipe.consumer_release(acc_state)
+                acc_state.advance()
+
+                # Column 0 of the accumulator is the GEMV; pick it by coordinate, not by position.
+                # The 32x32b copy gives each thread one row and all N columns; the column of each
+                # register is static, so the choice is made at trace time.
+                col0 = [i for i in range(cute.size(tTR_rAcc)) if tTR_cAcc[i][1] == 0]
+                assert len(col0) == 1, "each thread must hold exactly one column-0 element"
+                acc = tTR_rAcc[col0[0]]
+                row = tTR_cAcc[col0[0]][0]
+                row_g = cutlass.Int32(m_tile) * TILE_M + row
+                li = cutlass.Int32(l_idx)
+
+                first = ts.tile_first_cta(tile, k_tiles, G, total)
+                last = ts.tile_last_cta(tile, k_tiles, G, total)
+                if first == last:
+                    if row_g < m:
+                        mC_mnl[row_g, 0, li] = acc.to(cutlass.Float16)
+                else:
+                    slot = ts.partial_slot(g, tile, k_tiles, G, total, cutlass.min)
+                    mPartial[cutlass.Int32(ts.partial_offset(g, slot, cutlass.Int64(row)))] = acc
+                    # Release: each writer fences, then one thread bumps the tile's counter.
+                    cute.arch.fence_acq_rel_gpu()
+                    epi_barrier.arrive_and_wait()
+                    if tidx == 0:
+                        old = cute.arch.atomic_add(
+                            (mArrival.iterator + cutlass.Int32(tile)).llvm_ptr,
+                            cutlass.Int32(1),
+                            sem="acq_rel",
+                            scope="gpu",
+                        )
+                        sArrival[0] = old
+                    epi_barrier.arrive_and_wait()
+                    # The next write of sArrival comes after the next segment's first barrier, which every
+                    # thread reaches only after this read.
+                    arrived = sArrival[0]
+                    if cutlass.Int64(arrived) == last - first:
+                        # Last to arrive: sum every partial of this tile in CTA order (a fixed order).
+                        cute.arch.fence_acq_rel_gpu()
+                        total_acc = cutlass.Float32(0.0)
+                        for c in cutlass.range(cutlass.Int32(first), cutlass.Int32(last) + 1, 1, unroll=1):
+                            c64 = cutlass.Int64(c)
+                            c_slot = ts.partial_slot(c64, tile, k_tiles, G, total, cutlass.min)
+                            idx = cutlass.Int32(ts.partial_offset(c64, c_slot, cutlass.Int64(row)))
+                            total_acc = total_acc + cute.arch.load(
+                                (mPartial.iterator + idx).llvm_ptr, cutlass.Float32, sem="relaxed", scope="gpu"
+                            )
+                        if row_g < m:
+                            mC_mnl[row_g, 0, li] = total_acc.to(cutlass.Float16)
+                        if tidx == 0:
+                            mArrival[cutlass.Int32(tile)] = cutlass.Int32(0)
+                w = w_next
+
+            tmem.relinquish_alloc_permit()
+            epi_barrier.arrive_and_wait()
+            tmem.free(acc_ptr)
+
+    def _tmem_cols(self) -> int:
+        cols = SF_TMEM_COL + 2 * (TILE_M // 32) * self.num_kblocks
+        n = 32
+        while n < cols:
+            n *= 2
+        return n
+
+    @staticmethod
+    def _s2t_partition(sSF: cute.Tensor, tSF: cute.Tensor):
+        """tcgen05.cp (32x128b, 4 warps' lanes) from the staged shared scales to their TMEM copy."""
+        tCsSF = cute.filter_zeros(sSF)  # (MMA, MMA_MN, MMA_K, STAGE)
+        tCtSF = cute.filter_zeros(tSF)  # (MMA, MMA_MN, MMA_K)
+        atom = cute.make_copy_atom(tcgen05.Cp4x32x128bOp(tcgen05.CtaGroup.ONE), cutlass.Float8E4M3FN)
+        tiled = tcgen05.make_s2t_copy(atom, tCtSF)
+        thr = tiled.get_slice(0)
+        src = tcgen05.get_s2t_smem_desc_tensor(tiled, thr.partition_S(tCsSF))
+        return tiled, src, thr.partition_D(tCtSF)
+
+
+def compile(config: GemvTcSm100Config = GemvTcSm100Config()):
+    """The sm_100a kernel for `config`, compiled once (dynamic M, K, L) and kept; see `compile_for`."""
+    return _compile_cached(config)
+
+
+@functools.lru_cache(maxsize=None)
+def _compile_cached(config: GemvTcSm100Config):
+    return compile_for(config)
+
+
+def compile_for(config: GemvTcSm100Config = GemvTcSm100Config(), arch: str = "sm_100a", extra_options: str = ""):
+    """Compile for dynamic M, K, L; the result takes torch tensors (TVM-FFI) on torch's current stream.
+
+    Arguments of the compiled function: a (M, K/2, L) fp4x2, b (rows, K/2, L) fp4x2, sfa_permuted,
+    sfb_permuted (CONTRACT.md), c (M, 1, L) fp16, partial fp32 (>= workspace_elems(num_ctas)),
+    arrival int32 (>= M tiles * L, zero before the first call; the kernel leaves it zero), num_ctas.
+    `extra_options` is appended to the compile options (e.g. "--keep-ptx --dump-dir=DIR").
+    """
+    if not arch.startswith("sm_10"):
+        raise ValueError(
+            f"gemv_tc_sm100 needs tcgen05 block-scaled MMAs (sm_100a family); cannot compile for {arch}"
+        )
+    m, k, l = cute.sym_int(), cute.sym_int(divisibility=MMA_K), cute.sym_int()
+    args = fake_arguments(m, k, l, rows_b=cute.sym_int(), rest_m=cute.sym_int(), rest_k=cute.sym_int())
+    return cute.compile(
+        GemvTcSm100(config), *args, cutlass.Int32(SM100_NUM_SMS),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+        options=f"--enable-tvm-ffi --gpu-arch {arch} {extra_options}".strip(),
+    )
+
+
+def fake_arguments(m, k, l, rows_b=128, rest_m=None, rest_k=None, num_ctas=SM100_NUM_SMS):
+    """Fake tensors (a, b, sfa, sfb, c, partial, arrival) with CONTRACT.md's shapes and strides.
+
+    fp4 tensors are in fp4 elements (K wide; torch's float4_e2m1fn_x2 view is K/2 bytes wide). Sizes may be
+    ints or `cute.sym_int`s; rest_m, rest_k default to ceil(m/128), ceil(k/64) for int sizes.
+    """
+    f4, f8 = cutlass.Float4E2M1FN, cutlass.Float8E4M3FN
+    rest_m = ts.ceil_div(m, TILE_M) if rest_m is None else rest_m
+    rest_k = ts.ceil_div(k, MMA_K) if rest_k is None else rest_k
+    sf_order = (2, 1, 4, 0, 3, 5)  # memory order [L][rest_mn][rest_k][32][4][4]
+    rt = cute.runtime
+    return (
+        rt.make_fake_compact_tensor(f4, (m, k, l), stride_order=(1, 0, 2), assumed_align=32),
+        rt.make_fake_compact_tensor(f4, (rows_b, k, l), stride_order=(1, 0, 2), assumed_align=32),
+        rt.make_fake_compact_tensor(f8, (32, 4, rest_m, 4, rest_k, l), stride_order=sf_order, assumed_align=32),
+        rt.make_fake_compact_tensor(f8, (32, 4, 1, 4, rest_k, l), stride_order=sf_order, assumed_align=32),
+        rt.make_fake_tensor(cutlass.Float16, (m, 1, l), stride=(1, 1, m), assumed_align=2),
+        rt.make_fake_compact_tensor(cutlass.Float32, (ts.workspace_elems(num_ctas),), assumed_align=16)
+        if isinstance(m, int)
+        else rt.make_fake_compact_tensor(cutlass.Float32, (cute.sym_int(),), assumed_align=16),
+        rt.make_fake_compact_tensor(
+            cutlass.Int32, (ts.num_output_tiles(m, l) if isinstance(m, int) else cute.sym_int(),), assumed_align=4
+        ),
+    )
+
+
+class _Workspace:
+    """Per-device fp32 partials and int32 arrival counters; the kernel returns the counters to zero."""
+
+    def __init__(self):
+        self.partial = None
+        self.arrival = None
+
+    def get(self, device, num_ctas: int, num_tiles: int):
+        import torch
+
+        need_p = ts.workspace_elems(num_ctas)
+        if self.partial is None or self.partial.numel() < need_p or self.partial.device != device:
+            self.partial = torch.empty(need_p, dtype=torch.float32, device=device)
+        if self.arrival is None or self.arrival.numel() < num_tiles or self.arrival.device != device:
+            self.arrival = torch.zeros(num_tiles, dtype=torch.int32, device=device)
+        return self.partial, self.arrival
+
+
+@functools.lru_cache(maxsize=None)
+def _device_state(device_index: int):
+    import torch
+
+    num_sms = torch.cuda.get_device_properties(device_index).multi_processor_count
+    return num_sms, _Workspace()
+
+
+def gemv_tc_sm100(a, b, sfa_permuted, sfb_permuted, c, config: GemvTcSm100Config = GemvTcSm100Config()):
+    """c[:, 0, l] = A[:, :, l] @ b[0, :, l] with NVFP4 block scales (CONTRACT.md inputs); returns c.
+
+    One launch. Calls that run concurrently on different streams of one device share the workspace and
+    must not overlap.
+    """
+    m, k2, l = a.shape
+    k = 2 * k2
+    if not GemvTcSm100.can_implement(m, k, l):
+        raise ValueError(f"gemv_tc_sm100: unsupported shape (M, K, L) = ({m}, {k}, {l}); K must be a multiple of 64")
+    num_sms, workspace = _device_state(a.device.index if a.device.index is not None else 0)
+    num_ctas = ts.choose_num_ctas(m, k, l, num_sms, config.tile_k)
+    partial, arrival = workspace.get(a.device, num_ctas, ts.num_output_tiles(m, l))
+    compile(config)(a, b, sfa_permuted, sfb_permuted, c, partial, arrival, num_ctas)
+    return c

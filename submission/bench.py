@@ -1,0 +1,228 @@
+"""Benchmarks on a CUDA GPU: contest timing, CUDA-graph timing, the copy-bandwidth floor, host cost, and baselines.
+
+Contest timing (CONTRACT.md): per iteration fresh inputs, synchronize, flush the L2, record a start event, call,
+record an end event, synchronize; the mean over iterations. Inputs come from a pool that spans more than 200 MB and
+is rotated, so no call finds its operands in the 50 MB L2 even before the flush. Graph timing replays one CUDA graph
+of calls over the same rotated pool, so it is the kernels alone, back to back. The floor is
+`shapes.bytes_moved / copy bandwidth`, with the copy bandwidth measured in the same process (a device-to-device copy
+of 1 GiB, read + write bytes counted).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from submission.shapes import bytes_moved
+
+POOL_BYTES = 256 << 20
+FLUSH_BYTES = 256 << 20  # > 5x the H200's 50 MB L2
+
+
+@dataclass
+class Timing:
+    name: str
+    m: int
+    k: int
+    l: int  # noqa: E741
+    us: float
+    floor_us: float
+
+    @property
+    def tb_s(self) -> float:
+        return bytes_moved(self.m, self.k, self.l) / (self.us * 1e-6) / 1e12
+
+    @property
+    def x_floor(self) -> float:
+        return self.us / self.floor_us
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
+    """Device-to-device copy bandwidth in bytes/s (read + write), median of `iters` copies."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        dst.copy_(src)
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e-3)
+    return 2 * nbytes / statistics.median(times)
+
+
+def input_pool(make, m: int, k: int, l: int, pool_bytes: int = POOL_BYTES):  # noqa: E741
+    """Enough distinct input tuples to span `pool_bytes`, at least 2."""
+    n = max(2, math.ceil(pool_bytes / bytes_moved(m, k, l)))
+    return [make(m, k, l, seed) for seed in range(n)]
+
+
+_FLUSH = {}
+
+
+def flush_l2():
+    buf = _FLUSH.get("buf")
+    if buf is None:
+        buf = _FLUSH["buf"] = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    buf.zero_()
+
+
+def contest_time_us(fn, pool, iters: int = 100) -> float:
+    """Mean µs of `fn(data)` under contest timing: L2 flushed, events around the Python call."""
+    fn(pool[0])
+    torch.cuda.synchronize()
+    times = []
+    for i in range(iters):
+        data = pool[i % len(pool)]
+        torch.cuda.synchronize()
+        flush_l2()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn(data)
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) * 1e3)
+    return statistics.mean(times)
+
+
+def graph_time_us(fn, pool, reps: int = 20) -> float:
+    """µs per call when one CUDA graph replays calls over the whole rotated pool (median over replays)."""
+    fn(pool[0])
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream):
+        for d in pool:  # warm-up on the capture stream
+            fn(d)
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=stream):
+            for d in pool:
+                fn(d)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e) * 1e3 / len(pool))
+    return statistics.median(times)
+
+
+def host_cost_us(fn, data, iters: int = 2000) -> float:
+    """Wall µs per call of `fn(data)` issued back to back on a tiny shape (the GPU keeps up, so this is host time)."""
+    import time
+
+    for _ in range(50):
+        fn(data)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn(data)
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / iters * 1e6
+
+
+# --- baselines -------------------------------------------------------------------------------------------------
+
+
+def _lut(device):
+    from submission.reference import FP4_E2M1_LUT
+
+    return torch.tensor(FP4_E2M1_LUT, dtype=torch.float32, device=device)
+
+
+def dequant_gemv(a, b, sfa, sfb, lut):
+    """The straightforward PyTorch GEMV: dequantize A and b to fp32 with the plain scales, multiply, sum over K."""
+    au = a.view(torch.uint8)
+    m, kb, l = au.shape  # noqa: E741
+    av = torch.stack((lut[(au & 0xF).long()], lut[(au >> 4).long()]), dim=2).reshape(m, 2 * kb, l)
+    av = av * sfa.float().repeat_interleave(16, dim=1)
+    bu = b.view(torch.uint8)[0]
+    bv = torch.stack((lut[(bu & 0xF).long()], lut[(bu >> 4).long()]), dim=1).reshape(2 * kb, l)
+    bv = bv * sfb[0].float().repeat_interleave(16, dim=0)
+    return (av * bv[None]).sum(dim=1).to(torch.float16)
+
+
+def torch_compile_baseline():
+    """A `torch.compile`d dequant GEMV reading the plain scales; returns fn(data) -> c."""
+    compiled = torch.compile(dequant_gemv, dynamic=False)
+    luts = {}
+
+    def fn(data):
+        a, b, sfa, sfb, _, _, c = data
+        lut = luts.get(a.device)
+        if lut is None:
+            lut = luts[a.device] = _lut(a.device)
+        c[:, 0, :] = compiled(a, b, sfa, sfb, lut)
+        return c
+
+    return fn
+
+
+def quack_baseline(data):
+    """quack-kernels' Hopper NVFP4 GEMM `gemm_w4a16(..., wformat="nvfp4")` used for a GEMV, as its users would:
+    weights prepared once per batch (untimed), b dequantized to bf16 (exact: 2 + 4 significand bits), one call per
+    batch. Returns fn(data) -> c for the prepared weights of this `data`'s A."""
+    from quack.gemm_w4 import gemm_w4a16, prepare_w4_weight
+
+    a, b, sfa, sfb, _, _, c = data
+    m, kb, l = a.shape  # noqa: E741
+    au = a.view(torch.uint8)
+    prepared = [prepare_w4_weight(au[:, :, i].contiguous(), sfa[:, :, i].contiguous(), wformat="nvfp4") for i in range(l)]
+    lut = _lut(a.device)
+    bu = b.view(torch.uint8)[0]
+    bv = torch.stack((lut[(bu & 0xF).long()], lut[(bu >> 4).long()]), dim=1).reshape(2 * kb, l)
+    act = (bv * sfb[0].float().repeat_interleave(16, dim=0)).t().contiguous().to(torch.bfloat16)  # (L, K)
+
+    def fn(d):
+        outs = [gemm_w4a16(act[i : i + 1].contiguous(), blob, sf, wformat="nvfp4", n_out=m) for i, (blob, sf) in
+                enumerate(prepared)]
+        return outs
+
+    def to_c(outs):
+        return torch.stack([o[0, :m].float() for o in outs], dim=1).to(torch.float16)
+
+    return fn, to_c
+
+
+def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print):
+    """Contest and graph timing of custom_kernel on each (m, k, l), beside the baselines, with the copy floor.
+
+    Returns (bandwidth bytes/s, rows): a row is a dict of shape, variant, contest µs, graph µs, floor µs."""
+    from submission.kernel import custom_kernel
+    from submission.reference import generate_input
+
+    bw = copy_bandwidth()
+    log(f"copy bandwidth: {bw / 1e12:.3f} TB/s")
+    rows = []
+    tc = torch_compile_baseline() if baselines else None
+    for m, k, l in shapes:  # noqa: E741
+        pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
+        floor = bytes_moved(m, k, l) / bw * 1e6
+        variants = [("nvfp4-gemv", custom_kernel)]
+        if baselines:
+            variants.append(("torch.compile dequant", tc))
+            try:
+                qfn, _ = quack_baseline(pool[0])
+                variants.append(("quack gemm_w4a16 nvfp4", qfn))
+            except Exception as e:  # noqa: BLE001  (a missing or failing peer is reported, not fatal)
+                log(f"quack baseline unavailable for {(m, k, l)}: {type(e).__name__}: {e}")
+        for name, fn in variants:
+            qpool = pool if name != "quack gemm_w4a16 nvfp4" else [pool[0]] * 2
+            row = {"m": m, "k": k, "l": l, "variant": name, "floor_us": floor}
+            row["contest_us"] = contest_time_us(fn, qpool, iters)
+            row["graph_us"] = graph_time_us(fn, qpool) if name != "torch.compile dequant" else float("nan")
+            rows.append(row)
+            log(f"{m:>6} {k:>6} {l:>2}  {name:<24} contest {row['contest_us']:8.2f} us  graph {row['graph_us']:8.2f} us"
+                f"  floor {floor:7.2f} us  x{row['contest_us'] / floor:5.2f}")
+        del pool
+        torch.cuda.empty_cache()
+    return bw, rows

@@ -1,0 +1,97 @@
+"""`custom_kernel(data) -> c`: the contest entry point, with input validation, arch dispatch and a cheap hot path.
+
+The first call with a new shape signature validates the whole tuple (submission.validate) and picks and compiles a
+kernel for the device's compute capability; later calls with that signature only check the base-pointer alignment
+and make one launch through the compiled TVM-FFI function. Nothing is allocated per call.
+
+Dispatch: sm_90 (H200/H100) -> the CUDA-core kernel with the prmt/dp4a decode; sm_100 family (B200/GB200) -> the
+tcgen05 block-scaled tensor-core kernel by default, or the CUDA-core kernel with the hardware fp4 decode
+(`NVFP4_GEMV_SM100=simt` or `sm100_variant="simt"`). Any other device is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from submission.validate import PTR_ALIGN, validate_inputs
+
+SM100_VARIANTS = ("tc", "simt")
+_DEFAULT_SM100 = "tc"
+
+
+def simt_config_for(m: int, k: int, l: int, arch: str = "sm_90", sf_kind: str = "permuted"):  # noqa: E741
+    """The CUDA-core kernel's config for a shape: a small table, measured on the H200 (see BENCHMARKS.md)."""
+    from cute_kernels.gemv_simt import GemvSimtConfig
+
+    warps = 4 if k <= 2048 else 8
+    return GemvSimtConfig(arch=arch, sf_kind=sf_kind, warps=warps, rows_per_thread=1)
+
+
+def _raw(compiled):
+    # The TVM-FFI function without the DSL's Python kwargs shim (a few µs per call saved).
+    return compiled.__tvm_ffi_object__()
+
+
+def select_kernel(capability: tuple[int, int], m: int, k: int, l: int, sf_kind: str = "permuted",  # noqa: E741
+                  sm100_variant: str | None = None):
+    """The compiled kernel for this device and shape: a callable (a, b, sf_a, sf_b, c)."""
+    major = capability[0]
+    if major == 9:
+        from cute_kernels import gemv_simt
+
+        return _raw(gemv_simt.compile(simt_config_for(m, k, l, "sm_90", sf_kind)))
+    if major == 10:
+        variant = sm100_variant or os.environ.get("NVFP4_GEMV_SM100", _DEFAULT_SM100)
+        if variant not in SM100_VARIANTS:
+            raise ValueError(f"sm100_variant: expected one of {SM100_VARIANTS}, got {variant!r}")
+        if variant == "simt" or sf_kind != "permuted":
+            from cute_kernels import gemv_simt
+
+            return _raw(gemv_simt.compile(simt_config_for(m, k, l, "sm_100", sf_kind)))
+        from cute_kernels import gemv_tc_sm100
+
+        return _raw(gemv_tc_sm100.compile(gemv_tc_sm100.config_for(m, k, l)))
+    raise RuntimeError(
+        f"nvfp4-gemv has kernels for compute capability 9.0 (Hopper) and 10.x (Blackwell); this device is "
+        f"{major}.{capability[1]}"
+    )
+
+
+_CAPABILITY: dict[int, tuple[int, int]] = {}
+_KERNELS: dict[tuple, object] = {}
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    cap = _CAPABILITY.get(idx)
+    if cap is None:
+        cap = _CAPABILITY[idx] = torch.cuda.get_device_capability(idx)
+    return cap
+
+
+def _signature(data, sf_kind: str) -> tuple:
+    a, b, sfa, sfb, sfa_p, sfb_p, c = data
+    return (a.shape, a.stride(), b.stride(), sfa_p.shape, sfa.stride(), c.stride(), a.device, sf_kind)
+
+
+def custom_kernel(data, sf_kind: str = "permuted"):
+    """Fill and return c for the contest tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c).
+
+    sf_kind="permuted" reads sfa_permuted/sfb_permuted (the contest's layout); "plain" reads sfa/sfb instead.
+    """
+    a, b, sfa, sfb, sfa_p, sfb_p, c = data
+    key = _signature(data, sf_kind)
+    fn = _KERNELS.get(key)
+    if fn is None:
+        m, k, l = validate_inputs(data, require_cuda=True)  # noqa: E741
+        fn = _KERNELS[key] = select_kernel(_capability(a.device), m, k, l, sf_kind)
+    if sf_kind == "permuted":
+        sa, sb = sfa_p, sfb_p
+    else:
+        sa, sb = sfa, sfb
+    if (a.data_ptr() | b.data_ptr() | sa.data_ptr() | sb.data_ptr() | c.data_ptr()) % PTR_ALIGN:
+        validate_inputs(data, require_cuda=True)  # raises, naming the misaligned tensor
+    fn(a, b, sa, sb, c)
+    return c

@@ -1,0 +1,238 @@
+"""CPU tests of the sm_100a tensor-core GEMV: its PTX, its refusal of other targets, the scale views its TMA
+reads, the fake-tensor signature against CONTRACT.md, and the stream-K schedule's coverage and determinism."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+import cutlass
+import cutlass.cute as cute
+
+from cute_kernels import gemv_tc_sm100 as tc
+from cute_kernels import tile_scheduler as ts
+from layouts import closed_form, sf_cute
+
+TEST_SHAPES = [
+    (128, 256, 1), (128, 1536, 1), (128, 3072, 1), (256, 7168, 1), (2432, 4608, 2),
+    (384, 7168, 2), (512, 512, 2), (512, 4096, 2), (512, 1536, 2),
+]
+BENCH_SHAPES = [(7168, 16384, 1), (4096, 7168, 8), (7168, 2048, 4)]
+ODD_SHAPES = [(1, 64, 1), (127, 192, 3), (129, 320, 2), (1000, 576, 8), (1, 4096, 8), (1000, 64, 1)]
+ALL_SHAPES = TEST_SHAPES + BENCH_SHAPES + ODD_SHAPES
+TILE_K = tc.GemvTcSm100Config().tile_k
+
+
+# ---------------------------------------------------------------- compile (one compile for every shape)
+
+
+@pytest.fixture(scope="module")
+def ptx(tmp_path_factory):
+    dump = tmp_path_factory.mktemp("ptx")
+    compiled = tc.compile_for(extra_options=f"--keep-ptx --dump-dir={dump}")
+    assert compiled.__ptx__, "compile produced no PTX"
+    return compiled.__ptx__
+
+
+@pytest.mark.slow
+def test_ptx_has_block_scaled_tensor_core_path(ptx):
+    mma = [ln for ln in ptx.splitlines() if "tcgen05.mma" in ln]
+    # One MMA per 64-wide K block of a stage, all kind::mxf4nvf4 with 16-element (nvfp4) scale blocks.
+    assert len(mma) == TILE_K // 64
+    assert all("cta_group::1" in ln and "kind::mxf4nvf4" in ln and "block_scale.block16" in ln for ln in mma)
+    cp = [ln for ln in ptx.splitlines() if "tcgen05.cp" in ln]
+    assert len(cp) == 2 * (TILE_K // 64) and all("32x128b.warpx4" in ln for ln in cp)  # SFA and SFB, per K block
+    assert "tcgen05.ld.sync.aligned.32x32b" in ptx
+    tma = [ln for ln in ptx.splitlines() if "cp.async.bulk.tensor" in ln]
+    assert len(tma) == 4 and all("mbarrier::complete_tx" in ln for ln in tma)  # A, b, SFA, SFB
+    assert "tcgen05.alloc" in ptx and "tcgen05.dealloc" in ptx
+
+
+@pytest.mark.slow
+def test_ptx_combines_splits_without_float_atomics(ptx):
+    atoms = [ln.split()[0] for ln in ptx.splitlines() if ln.strip().startswith(("atom.", "red."))]
+    assert atoms == ["atom.global.acq_rel.add.u32"]  # the one integer arrival counter
+    assert "fence.acq_rel.gpu" in ptx and "ld.relaxed.gpu.global" in ptx
+
+
+@pytest.mark.slow
+def test_compile_is_cached_per_config():
+    assert tc.compile() is tc.compile(tc.GemvTcSm100Config())
+
+
+def test_compile_for_sm90_is_refused():
+    with pytest.raises(ValueError, match=r"sm_100a family.*sm_90a"):
+        tc.compile_for(arch="sm_90a")
+
+
+def test_can_implement():
+    assert all(tc.GemvTcSm100.can_implement(*s) for s in ALL_SHAPES)
+    assert not tc.GemvTcSm100.can_implement(128, 96, 1)
+    assert not tc.GemvTcSm100.can_implement(128, 0, 1)
+    assert not tc.GemvTcSm100.can_implement(0, 256, 1)
+    assert not tc.GemvTcSm100.can_implement(128, 256, 0)
+
+
+# ---------------------------------------------------------------- the compile signature against CONTRACT.md
+
+
+@pytest.mark.parametrize("m,k,l", ALL_SHAPES)
+def test_fake_arguments_match_contract(m, k, l):
+    a, b, sfa, sfb, c, partial, arrival = tc.fake_arguments(m, k, l)
+    rm, rk = closed_form.rest_mk(m, k)
+    # fp4 tensors are counted in fp4 elements: twice the byte strides of the contract, K stride 1 nibble.
+    assert (a.shape, a.stride) == ((m, k, l), (k, 1, m * k))
+    assert (b.shape, b.stride) == ((128, k, l), (k, 1, 128 * k))
+    assert (sfa.shape, sfa.stride) == ((32, 4, rm, 4, rk, l), (16, 4, 512 * rk, 1, 512, 512 * rm * rk))
+    assert (sfb.shape, sfb.stride) == ((32, 4, 1, 4, rk, l), (16, 4, 512 * rk, 1, 512, 512 * rk))
+    assert (c.shape, c.stride) == ((m, 1, l), (1, 1, m))
+    assert partial.shape == (ts.workspace_elems(tc.SM100_NUM_SMS),)
+    assert arrival.shape == (ts.num_m_tiles(m) * l,)
+
+
+# ---------------------------------------------------------------- the scale tiles the TMA reads
+
+
+def _flat(t):
+    return [x for e in t for x in _flat(e)] if isinstance(t, tuple) else [t]
+
+
+def _mode_offsets(shape, stride):
+    """Offsets of a (possibly nested) layout mode for its 1-D index 0..size-1 (first sub-mode fastest)."""
+    shapes, strides = _flat(shape), _flat(stride)
+    x = np.arange(int(np.prod(shapes)), dtype=np.int64)
+    out = np.zeros_like(x)
+    div = 1
+    for s, d in zip(shapes, strides):
+        out += (x // div) % s * d
+        div *= s
+    return out
+
+
+@cute.jit
+def _sf_tiles(m: cutlass.Constexpr, k: cutlass.Constexpr, l: cutlass.Constexpr, tile_k: cutlass.Constexpr,
+              out: cutlass.Constexpr):
+    # The kernel's SFA view, cut into its TMA boxes: ((128 rows, tile_k), (M tiles, K tiles, L)).
+    tiled = cute.zipped_divide(sf_cute.sf_layout_permuted_mkl(m, k, l), (128, tile_k))
+    out.append((tiled.shape, tiled.stride))
+
+
+def _sf_tiled(m, k, l, tile_k):
+    out = []
+    _sf_tiles(m, k, l, tile_k, out)
+    return out[0]
+
+
+@pytest.mark.parametrize("m,k,l", ALL_SHAPES + [(128, k, l) for (_, k, l) in BENCH_SHAPES])
+def test_sfa_tma_boxes_match_contract_formula(m, k, l):
+    tile_k = TILE_K if k % TILE_K == 0 else 64  # odd K: check at the 64-wide atom the TMA box is made of
+    shape, stride = _sf_tiled(m, k, l, tile_k)
+    (tile_shape, rest_shape), (tile_stride, rest_stride) = shape, stride
+    # Inside one box: (row i, K element e) -> byte, against CONTRACT.md's offset formula at tile (0, 0, 0).
+    rows = _mode_offsets(tile_shape[0], tile_stride[0])
+    cols = _mode_offsets(tile_shape[1], tile_stride[1])
+    box = rows[:, None] + cols[None, :]
+    i, e = np.meshgrid(np.arange(128), np.arange(tile_k), indexing="ij")
+    np.testing.assert_array_equal(box, closed_form.permuted_mkl_offset(i, e, 0, m, k))
+    # A box is one contiguous run of 128 * tile_k / 16 bytes: one bulk copy, no gaps, no overlap.
+    assert sorted(set(box.ravel().tolist())) == list(range(128 * tile_k // 16))
+    # Box origins for every (M tile, K tile, batch).
+    rm, rk, rl = _flat(rest_shape)[0], _flat(rest_shape)[1], int(np.prod(_flat(rest_shape)[2:]))
+    assert (rm, rk, rl) == (ts.num_m_tiles(m), k // tile_k, l)
+    origin = _mode_offsets(rest_shape, rest_stride).reshape(rl, rk, rm)
+    for mt, kt, b in itertools.product(range(rm), range(rk), range(l)):
+        assert origin[b, kt, mt] == closed_form.permuted_mkl_offset(mt * 128, kt * tile_k, b, m, k)
+
+
+# ---------------------------------------------------------------- the stream-K schedule
+
+
+def _simulate(m, k, l, num_ctas):
+    k_tiles = ts.num_k_tiles(k, TILE_K)
+    tiles = ts.num_output_tiles(m, l)
+    total = tiles * k_tiles
+    consumed = np.zeros((tiles, k_tiles), dtype=np.int64)
+    segments = {t: [] for t in range(tiles)}
+    slots = set()
+    per_cta = []
+    for g in range(num_ctas):
+        work = 0
+        for tile, k0, k1, n, slot in ts.cta_segments(g, num_ctas, m, k, l, TILE_K):
+            assert 0 <= k0 < k1 <= k_tiles
+            consumed[tile, k0:k1] += 1
+            segments[tile].append((g, k0, k1, n, slot))
+            work += k1 - k0
+            if n > 1:
+                off = ts.partial_offset(g, slot, 0)
+                assert off not in slots and 0 <= off and off + 127 < ts.workspace_elems(num_ctas)
+                slots.add(off)
+        per_cta.append(work)
+    return k_tiles, tiles, total, consumed, segments, per_cta
+
+
+@pytest.mark.parametrize("m,k,l", ALL_SHAPES)
+@pytest.mark.parametrize("num_sms", [148, 132, 7, 1])
+def test_schedule_covers_every_k_tile_once_and_writes_every_output_once(m, k, l, num_sms):
+    num_ctas = ts.choose_num_ctas(m, k, l, num_sms, TILE_K)
+    k_tiles, tiles, total, consumed, segments, per_cta = _simulate(m, k, l, num_ctas)
+    assert num_ctas == min(num_sms, total)
+    assert (consumed == 1).all()  # every K element of every tile consumed exactly once
+    assert max(per_cta) - min(per_cta) <= 1 and min(per_cta) >= 1  # balanced to one K tile
+    written = np.zeros((m, l), dtype=np.int64)
+    for t in range(tiles):
+        segs = segments[t]
+        first = ts.tile_first_cta(t, k_tiles, num_ctas, total)
+        last = ts.tile_last_cta(t, k_tiles, num_ctas, total)
+        # The contributors are exactly first..last, one segment each, in K order, and all know the count.
+        assert [g for g, *_ in segs] == list(range(first, last + 1))
+        assert [k0 for _, k0, *_ in segs] == [0] + [k1 for _, _, k1, *_ in segs[:-1]] and segs[-1][2] == k_tiles
+        assert all(n == last - first + 1 for *_, n, _ in segs)
+        # The slot the finishing CTA reads for contributor g is the slot g wrote.
+        assert all(s == ts.partial_slot(g, t, k_tiles, num_ctas, total) for g, *_, s in segs)
+        # Exactly one writer per tile: the lone contributor, or whichever CTA takes the counter to n - 1.
+        mt, b = ts.output_tile_coord(t, ts.num_m_tiles(m))
+        written[mt * 128 : min(m, (mt + 1) * 128), b] += 1
+    assert (written == 1).all()
+
+
+def test_last_arriver_sum_order_is_fixed():
+    # Whatever order the contributors arrive in, the finisher adds partials in CTA order first..last.
+    m, k, l = 7168, 16384, 1
+    num_ctas = ts.choose_num_ctas(m, k, l, 148, TILE_K)
+    k_tiles, tiles, total, _, segments, _ = _simulate(m, k, l, num_ctas)
+    rng = np.random.default_rng(0)
+    partial = rng.standard_normal((num_ctas, ts.PARTIAL_SLOTS, 128)).astype(np.float32)
+    for t in range(tiles):
+        contributors = [g for g, *_ in segments[t]]
+        sums = set()
+        for order in itertools.islice(itertools.permutations(contributors), 6):
+            del order  # the finisher's loop does not depend on who arrived last
+            acc = np.zeros(128, dtype=np.float32)
+            for g in range(ts.tile_first_cta(t, k_tiles, num_ctas, total), ts.tile_last_cta(t, k_tiles, num_ctas, total) + 1):
+                acc = acc + partial[g, ts.partial_slot(g, t, k_tiles, num_ctas, total)]
+            sums.add(acc.tobytes())
+        assert len(sums) == 1
+
+
+@pytest.mark.parametrize("shape,k_tiles_per_cta", [((7168, 16384, 1), 3584), ((4096, 7168, 8), 7168), ((7168, 2048, 4), 1792)])
+def test_benchmark_shapes_fill_148_sms(shape, k_tiles_per_cta):
+    m, k, l = shape
+    num_ctas = ts.choose_num_ctas(m, k, l, 148, TILE_K)
+    assert num_ctas == 148
+    total = ts.num_output_tiles(m, l) * ts.num_k_tiles(k, TILE_K)
+    assert total == k_tiles_per_cta
+    work = [ts.cta_work_begin(g + 1, 148, total) - ts.cta_work_begin(g, 148, total) for g in range(148)]
+    assert set(work) == {total // 148, total // 148 + 1}
+
+
+def test_cta_of_work_inverts_cta_work_begin():
+    for num_ctas, total in [(148, 3584), (148, 7168), (148, 1792), (7, 5), (148, 148), (3, 1000)]:
+        for w in range(total):
+            g = ts.cta_of_work(w, num_ctas, total)
+            assert ts.cta_work_begin(g, num_ctas, total) <= w < ts.cta_work_begin(g + 1, num_ctas, total)
+
+
+def test_next_segment_with_a_custom_minimum():
+    # The kernel passes cutlass.min; any min-like callable gives the same segments.
+    assert ts.next_segment(5, 30, 8, minimum=lambda a, b: a if a < b else b) == (0, 5, 8, 8)
+    assert ts.next_segment(9, 12, 8) == (1, 1, 4, 12)
