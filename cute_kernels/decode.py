@@ -8,7 +8,8 @@ each a multiple of 0.25 with |sum| ≤ 288, on sm_100), so a kernel's only round
     sm_90 lookup: prmt(LUT_LO, LUT_HI, sel) picks byte sel[2:0] of {LUT_HI:LUT_LO} for each selector nibble; a
     nibble with bit 3 set (a negative code) yields the sign of that byte instead, and every LUT byte is positive, so
     it yields 0. The codes of x give the positive part P, the codes of x ^ 0x8888 the magnitudes N of the negative
-    part, and a·b = P·b + N·(-b), so b is prepared once as signed and negated int8 words.
+    part, and a·b = P·b - N·b, with b prepared once per piece as signed int8 (SWAR: per byte p + 128 - n, bit 7
+    flipped back).
 """
 
 from cutlass import Float32, Int32, Uint32, const_expr
@@ -108,29 +109,23 @@ def f16x2_sum_f32(h2, *, loc=None, ip=None) -> Float32:
 # --- the arch switch --------------------------------------------------------------------------------------------
 #
 # prepare_b(arch, word) turns one 32-bit word of b (8 codes) into what block_dot needs for those 8 elements;
-# block_dot(arch, a0, a1, bp) is the exact sum over one 16-element block (words a0, a1 of A), as fp32;
+# block_dot(arch, a0, a1, bp0, bp1) is the exact sum over one 16-element block (words a0, a1 of A), as fp32;
 # block_scale(arch) is the constant that the block sum carries (the int path sums 2a·2b).
 
 
 def prepare_b(arch: str, w):
-    """Per 8 elements of b: sm_90 -> (signed lo, signed hi, negated lo, negated hi) int8x4 words;
+    """Per 8 elements of b (one 32-bit word): sm_90 -> two signed int8x4 words (elements 0-3, 4-7);
     sm_100 -> four f16x2 words."""
+    w = Uint32(w)
     if const_expr(arch == "sm_90"):
-        w = Uint32(w)
         wn = w ^ Uint32(SIGN_BITS)
-        p_lo = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, w)
-        p_hi = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, w >> 16)
-        n_lo = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, wn)
-        n_hi = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, wn >> 16)
         bias = Uint32(BYTE_BIAS)
-        return (
-            ((p_lo | bias) - n_lo) ^ bias,
-            ((p_hi | bias) - n_hi) ^ bias,
-            ((n_lo | bias) - p_lo) ^ bias,
-            ((n_hi | bias) - p_hi) ^ bias,
-        )
+        p_lo = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, w)
+        n_lo = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, wn)
+        p_hi = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, w >> 16)
+        n_hi = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, wn >> 16)
+        return (((p_lo | bias) - n_lo) ^ bias, ((p_hi | bias) - n_hi) ^ bias)
     else:
-        w = Uint32(w)
         return (
             e2m1x2_to_f16x2(w),
             e2m1x2_to_f16x2(w >> 8),
@@ -139,31 +134,28 @@ def prepare_b(arch: str, w):
         )
 
 
-def _word_dot(arch: str, x, bp, acc):
-    if const_expr(arch == "sm_90"):
-        x = Uint32(x)
-        xn = x ^ Uint32(SIGN_BITS)
-        acc = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, x), bp[0], acc)
-        acc = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, x >> 16), bp[1], acc)
-        acc = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, xn), bp[2], acc)
-        acc = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, xn >> 16), bp[3], acc)
-        return acc
-    else:
-        x = Uint32(x)
-        acc = hfma2(e2m1x2_to_f16x2(x), bp[0], acc)
-        acc = hfma2(e2m1x2_to_f16x2(x >> 8), bp[1], acc)
-        acc = hfma2(e2m1x2_to_f16x2(x >> 16), bp[2], acc)
-        acc = hfma2(e2m1x2_to_f16x2(x >> 24), bp[3], acc)
-        return acc
-
-
 def block_dot(arch: str, a0, a1, bp0, bp1) -> Float32:
-    """Exact Σ over one 16-element block, times block_scale(arch): A words a0, a1 against prepared b words."""
+    """Exact Σ over one 16-element block, times block_scale(arch): A words a0, a1 against prepared b words.
+
+    sm_90: the positive codes of A (P) and the magnitudes of its negative codes (N) against signed b, in two dp4a
+    chains; the block sum is P·b - N·b. sm_100: eight fma.rn.f16x2 into one packed accumulator."""
     if const_expr(arch == "sm_90"):
-        acc = _word_dot(arch, a1, bp1, _word_dot(arch, a0, bp0, Int32(0)))
-        return Float32(acc)
+        pos = Int32(0)
+        neg = Int32(0)
+        for x, bp in ((Uint32(a0), bp0), (Uint32(a1), bp1)):
+            xn = x ^ Uint32(SIGN_BITS)
+            pos = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, x), bp[0], pos)
+            neg = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, xn), bp[0], neg)
+            pos = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, x >> 16), bp[1], pos)
+            neg = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, xn >> 16), bp[1], neg)
+        return Float32(pos - neg)
     else:
-        acc = _word_dot(arch, a1, bp1, _word_dot(arch, a0, bp0, Uint32(0)))
+        acc = Uint32(0)
+        for x, bp in ((Uint32(a0), bp0), (Uint32(a1), bp1)):
+            acc = hfma2(e2m1x2_to_f16x2(x), bp[0], acc)
+            acc = hfma2(e2m1x2_to_f16x2(x >> 8), bp[1], acc)
+            acc = hfma2(e2m1x2_to_f16x2(x >> 16), bp[2], acc)
+            acc = hfma2(e2m1x2_to_f16x2(x >> 24), bp[3], acc)
         return f16x2_sum_f32(acc)
 
 

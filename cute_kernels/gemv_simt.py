@@ -42,7 +42,9 @@ class GemvSimtConfig:
     arch: str = "sm_90"  # decode path: "sm_90" (prmt + dp4a) or "sm_100" (cvt e2m1x2 + fma f16x2)
     sf_kind: str = "permuted"  # layout of sfa and sfb: "permuted" (32,4,rest_m,4,rest_k,L) or "plain" (M,K/16,L)
     warps: int = 8  # warps per CTA, each on its own K windows
-    rows_per_thread: int = 1  # r values per thread; a CTA covers 32·rows_per_thread rows of one slab
+    r_lanes: int = 8  # lanes of a warp along r; the other 32 / r_lanes lanes take consecutive K pieces
+    rows_per_thread: int = 1  # r values per thread; a CTA covers 4·r_lanes·rows_per_thread rows of one slab
+    unroll: int = 2  # unroll of the K-step loop, so the loads of the next step issue before this step's math
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -53,10 +55,16 @@ class GemvSimtConfig:
             raise ValueError(f"rows_per_thread must be 1, 2 or 4, got {self.rows_per_thread}")
         if not 1 <= self.warps <= 32:
             raise ValueError(f"warps must be in 1..32, got {self.warps}")
+        if self.r_lanes not in (2, 4, 8) or self.rows_per_thread * self.r_lanes > 32:
+            raise ValueError(f"r_lanes must be 2, 4 or 8 with r_lanes·rows_per_thread <= 32, got {self}")
+
+    @property
+    def c_lanes(self) -> int:
+        return 32 // self.r_lanes
 
     @property
     def rows_per_cta(self) -> int:
-        return 32 * self.rows_per_thread
+        return 4 * self.r_lanes * self.rows_per_thread
 
     @property
     def ctas_per_slab(self) -> int:
@@ -87,12 +95,15 @@ class GemvSimt:
     ):
         m, k, l = mA.shape
         kw = k // 8
-        # Packed fp4 as 32-bit words: 8 codes a word, the lowest nibble first.
+        # Packed fp4 as 32-bit words (8 codes a word, the lowest nibble first), with the tensors' own row and batch
+        # strides (in fp4 elements; validation guarantees multiples of 32, i.e. 16 bytes).
         a_words = cute.make_tensor(
-            cute.recast_ptr(mA.iterator, dtype=Uint32), cute.make_layout((m, kw, l), stride=(kw, 1, m * kw))
+            cute.recast_ptr(mA.iterator, dtype=Uint32),
+            cute.make_layout((m, kw, l), stride=(mA.stride[0] // 8, 1, mA.stride[2] // 8)),
         )
         b_words = cute.make_tensor(
-            cute.recast_ptr(mB.iterator, dtype=Uint32), cute.make_layout((128, kw, l), stride=(kw, 1, 128 * kw))
+            cute.recast_ptr(mB.iterator, dtype=Uint32),
+            cute.make_layout((1, kw, l), stride=(mB.stride[0] // 8, 1, mB.stride[2] // 8)),
         )
         sfa = cute.make_tensor(
             cute.recast_ptr(mSFA.iterator, dtype=Uint8), sf_layout_by_col(self.cfg.sf_kind, m, k, l)
@@ -100,13 +111,61 @@ class GemvSimt:
         sfb = cute.make_tensor(
             cute.recast_ptr(mSFB.iterator, dtype=Uint8), sf_layout_by_col(self.cfg.sf_kind, 128, k, l)
         )
-        c_ml = cute.make_tensor(mC.iterator, cute.make_layout((m, l), stride=(1, m)))
+        c_ml = cute.make_tensor(mC.iterator, cute.make_layout((m, l), stride=(1, mC.stride[2])))
         n_slabs = (m + 127) // 128
         self.kernel(a_words, b_words, sfa, sfb, c_ml, m, k).launch(
             grid=[n_slabs * self.cfg.ctas_per_slab, l, 1],
             block=[32 * self.warps, 1, 1],
             stream=stream,
         )
+
+    @cute.jit
+    def step(self, a_words, b_words, sfa, sfb, acc, piece, slab, r_first, m, bidl):
+        """One K piece of 32 elements for this thread's 4·rows_per_thread rows, added into acc[i, q]."""
+        cfg = self.cfg
+        grp = piece // 2
+        half = piece % 2
+        # Loads first: every A row and scale word of the piece is in flight before any decode.
+        rA = cute.make_rmem_tensor(cute.make_layout((PIECE_WORDS, 4, self.rr)), Uint32)
+        rS = cute.make_rmem_tensor(cute.make_layout((4, 4, self.rr), stride=(4, 1, 16)), Uint8)  # (q, jj, i)
+        for i in cutlass.range_constexpr(self.rr):
+            r = r_first + cfg.r_lanes * i
+            for q in cutlass.range_constexpr(4):
+                row = cutlass.min(slab * 128 + q * 32 + r, m - 1)
+                cute.autovec_copy(
+                    cute.local_tile(a_words[row, None, bidl], (PIECE_WORDS,), (piece,)), rA[None, q, i]
+                )
+            if const_expr(self.sf_padded):
+                # (q, jj) of one r: 16 contiguous bytes of the permuted buffer, one 128-bit load.
+                cute.autovec_copy(sfa[((r, None, slab), (None, grp), bidl)], rS[None, None, i])
+            else:
+                for q in cutlass.range_constexpr(4):
+                    row = cutlass.min(slab * 128 + q * 32 + r, m - 1)
+                    cute.autovec_copy(
+                        sfa[((row % 32, (row // 32) % 4, row // 128), (None, grp), bidl)], rS[q, None, i]
+                    )
+        rB = cute.make_rmem_tensor(cute.make_layout(PIECE_WORDS), Uint32)
+        cute.autovec_copy(cute.local_tile(b_words[0, None, bidl], (PIECE_WORDS,), (piece,)), rB)
+        rSB = cute.make_rmem_tensor(cute.make_layout(4), Uint8)
+        cute.autovec_copy(sfb[((0, 0, 0), (None, grp), bidl)], rSB)
+
+        sb0, sb1 = decode.e4m3x2_to_f32x2(cute.recast_tensor(rSB, Uint32)[0] >> (half * 16))
+        inv = Float32(decode.block_scale(self.arch))
+        sb0 = sb0 * inv
+        sb1 = sb1 * inv
+        bp0 = decode.prepare_b(self.arch, rB[0])
+        bp1 = decode.prepare_b(self.arch, rB[1])
+        bp2 = decode.prepare_b(self.arch, rB[2])
+        bp3 = decode.prepare_b(self.arch, rB[3])
+        for i in cutlass.range_constexpr(self.rr):
+            rS32 = cute.recast_tensor(rS[None, None, i], Uint32)
+            for q in cutlass.range_constexpr(4):
+                sa0, sa1 = decode.e4m3x2_to_f32x2(rS32[q] >> (half * 16))
+                d0 = decode.block_dot(self.arch, rA[0, q, i], rA[1, q, i], bp0, bp1)
+                d1 = decode.block_dot(self.arch, rA[2, q, i], rA[3, q, i], bp2, bp3)
+                # Each product is exact in fp32 (12-bit block sum × 8-bit scale product): one rounding per block.
+                acc[i, q] = acc[i, q] + d0 * (sa0 * sb0)
+                acc[i, q] = acc[i, q] + d1 * (sa1 * sb1)
 
     @cute.kernel
     def kernel(
@@ -119,88 +178,48 @@ class GemvSimt:
         m: Int32,
         k: Int32,
     ):
+        cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         bidx, bidl, _ = cute.arch.block_idx()
         lane = tidx % 32
         warp = tidx // 32
-        ri = lane // 4
-        c = lane % 4
-        slab = bidx // self.cfg.ctas_per_slab
-        r0 = (bidx % self.cfg.ctas_per_slab) * self.cfg.rows_per_cta // 4
+        ri = lane // cfg.c_lanes
+        c = lane % cfg.c_lanes
+        slab = bidx // cfg.ctas_per_slab
+        r_first = (bidx % cfg.ctas_per_slab) * (cfg.rows_per_cta // 4) + ri
 
         n_pieces = k // PIECE_K
-        pieces_per_step = 4 * self.warps
-        n_steps = (n_pieces + pieces_per_step - 1) // pieces_per_step
-        inv = Float32(decode.block_scale(self.arch))
+        pieces_per_step = cfg.c_lanes * self.warps
+        n_full = n_pieces // pieces_per_step  # steps where every lane has a piece: no guard in the hot loop
 
         acc = cute.make_rmem_tensor(cute.make_layout((self.rr, 4)), Float32)
         acc.fill(0.0)
+        for st in cutlass.range(n_full, unroll=cfg.unroll):
+            piece = (st * self.warps + warp) * cfg.c_lanes + c
+            self.step(a_words, b_words, sfa, sfb, acc, piece, slab, r_first, m, bidl)
+        tail_piece = (n_full * self.warps + warp) * cfg.c_lanes + c
+        if tail_piece < n_pieces:
+            self.step(a_words, b_words, sfa, sfb, acc, tail_piece, slab, r_first, m, bidl)
 
-        for step in cutlass.range(n_steps, unroll=1):
-            piece = (step * self.warps + warp) * 4 + c
-            if piece < n_pieces:
-                grp = piece // 2
-                half = piece % 2
-                # Loads first: every A row and scale word of this step is in flight before any decode.
-                rA = cute.make_rmem_tensor(cute.make_layout((PIECE_WORDS, 4, self.rr)), Uint32)
-                rS = cute.make_rmem_tensor(cute.make_layout((4, 4, self.rr), stride=(4, 1, 16)), Uint8)  # (q, jj, i)
-                for i in cutlass.range_constexpr(self.rr):
-                    r = r0 + ri + 8 * i
-                    for q in cutlass.range_constexpr(4):
-                        row = cutlass.min(slab * 128 + q * 32 + r, m - 1)
-                        cute.autovec_copy(
-                            cute.local_tile(a_words[row, None, bidl], (PIECE_WORDS,), (piece,)), rA[None, q, i]
-                        )
-                    if const_expr(self.sf_padded):
-                        # (q, jj) of one r: 16 contiguous bytes in the permuted buffer.
-                        cute.autovec_copy(sfa[((r, None, slab), (None, grp), bidl)], rS[None, None, i])
-                    else:
-                        for q in cutlass.range_constexpr(4):
-                            row = cutlass.min(slab * 128 + q * 32 + r, m - 1)
-                            cute.autovec_copy(
-                                sfa[((row % 32, (row // 32) % 4, row // 128), (None, grp), bidl)], rS[q, None, i]
-                            )
-                rB = cute.make_rmem_tensor(cute.make_layout(PIECE_WORDS), Uint32)
-                cute.autovec_copy(cute.local_tile(b_words[0, None, bidl], (PIECE_WORDS,), (piece,)), rB)
-                rSB = cute.make_rmem_tensor(cute.make_layout(4), Uint8)
-                cute.autovec_copy(sfb[((0, 0, 0), (None, grp), bidl)], rSB)
-
-                sb = cute.recast_tensor(rSB, Uint32)[0] >> (half * 16)
-                sb0, sb1 = decode.e4m3x2_to_f32x2(sb)
-                sb0 = sb0 * inv
-                sb1 = sb1 * inv
-                bp0 = decode.prepare_b(self.arch, rB[0])
-                bp1 = decode.prepare_b(self.arch, rB[1])
-                bp2 = decode.prepare_b(self.arch, rB[2])
-                bp3 = decode.prepare_b(self.arch, rB[3])
-                for i in cutlass.range_constexpr(self.rr):
-                    rS32 = cute.recast_tensor(rS[None, None, i], Uint32)
-                    for q in cutlass.range_constexpr(4):
-                        sa0, sa1 = decode.e4m3x2_to_f32x2(rS32[q] >> (half * 16))
-                        d0 = decode.block_dot(self.arch, rA[0, q, i], rA[1, q, i], bp0, bp1)
-                        d1 = decode.block_dot(self.arch, rA[2, q, i], rA[3, q, i], bp2, bp3)
-                        acc[i, q] = acc[i, q] + d0 * (sa0 * sb0)
-                        acc[i, q] = acc[i, q] + d1 * (sa1 * sb1)
-
-        # Lanes c = 0..3 of a row, then warps in order: a fixed summation tree.
+        # Lanes of a row (butterfly over c), then warps in order: a fixed summation tree.
         smem = cutlass.utils.SmemAllocator()
-        red = smem.allocate_tensor(Float32, cute.make_layout((self.cfg.rows_per_cta, self.warps)), 16)
+        red = smem.allocate_tensor(Float32, cute.make_layout((cfg.rows_per_cta, self.warps)), 16)
         for i in cutlass.range_constexpr(self.rr):
             for q in cutlass.range_constexpr(4):
                 v = acc[i, q]
-                v = v + cute.arch.shuffle_sync_bfly(v, offset=1)
-                v = v + cute.arch.shuffle_sync_bfly(v, offset=2)
+                for sh in cutlass.range_constexpr(cfg.c_lanes.bit_length() - 1):
+                    v = v + cute.arch.shuffle_sync_bfly(v, offset=1 << sh)
                 if c == 0:
-                    red[q * 8 * self.rr + 8 * i + ri, warp] = v
+                    red[(q * self.rr + i) * cfg.r_lanes + ri, warp] = v
         cute.arch.sync_threads()
-        if tidx < self.cfg.rows_per_cta:
-            t = tidx
-            q = t // (8 * self.rr)
-            rr_ri = t % (8 * self.rr)
-            row = slab * 128 + q * 32 + r0 + (rr_ri % 8) + 8 * (rr_ri // 8)
-            s = red[t, 0]
+        if tidx < cfg.rows_per_cta:
+            q = tidx // (cfg.r_lanes * self.rr)
+            i = (tidx // cfg.r_lanes) % self.rr
+            r = (bidx % cfg.ctas_per_slab) * (cfg.rows_per_cta // 4) + tidx % cfg.r_lanes + cfg.r_lanes * i
+            row = slab * 128 + q * 32 + r
+            s = red[tidx, 0]
             for w in cutlass.range_constexpr(1, self.warps):
-                s = s + red[t, w]
+                s = s + red[tidx, w]
             if row < m:
                 c_ml[row, bidl] = s.to(Float16)
 

@@ -61,7 +61,7 @@ def tile_last_cta(tile, k_tiles, num_ctas, total_work):
 def partial_slot(cta, tile, k_tiles, num_ctas, total_work, minimum=min):
     """Workspace slot of `cta`'s partial for `tile`: 0 where its run starts, 1 for the tile where it ends."""
     first_tile = cta_work_begin(cta, num_ctas, total_work) // k_tiles
-    return minimum(tile - first_tile, 0)
+    return minimum(tile - first_tile, 1)
 
 
 def partial_offset(cta, slot, row, tile_m=TILE_M):

@@ -7,12 +7,12 @@ use: one coordinate domain, (row, scale column, batch), over either the permuted
 Sizes may be Python ints (static layout) or dynamic ``cutlass.Int32`` (ceil-divs are written as ``(x + d - 1) // d``).
 Every stride comes from one small ``_*_stride`` function, so a test can perturb any single stride.
 
-    one atom, byte offset of (row r, scale column j):   r%32 -> 16 bytes apart, r//32 -> 4 apart, j -> 1 apart
+    One atom: byte of (row r, scale column j) = (r % 32)*16 + (r // 32)*4 + j
 
-        r\\j  0  1  2  3
-          0   0  1  2  3    r = 32: 4 5 6 7    r = 64: 8 ..   r = 96: 12 .. 15
-          1  16 17 18 19
-         31 496 .. .. 511
+           j:  0   1   2   3
+      r =  0:  0   1   2   3      r = 32:   4 ..   7     r = 64:   8 ..  11     r = 96:  12 ..  15
+      r =  1: 16  17  18  19      r = 33:  20 ..  23
+      r = 31: 496 ..     499      r = 63: 500 .. 503     r = 95: 504 .. 507     r = 127: 508 .. 511
 """
 
 import cutlass.cute as cute
@@ -96,7 +96,7 @@ def sf_atom():
 def sf_layout_permuted_mkl(m, k, l):
     """The atom tiled over (M, K, L) in K-element units; rows padded to 128, K to 64.
 
-    Shape (((32,4),rest_m), ((16,4),rest_k), l): coordinate (row, K element, batch) -> byte of the permuted
+    Shape (((32,4),rest_m), ((16,4),rest_k), (1,l)): coordinate (row, K element, batch) -> byte of the permuted
     buffer. The same function as CUTLASS's ``tile_atom_to_shape_SF((m, k, l), 16)``.
     """
     rest_m, rest_k = _rest_m(m), _rest_k(k)
@@ -114,7 +114,7 @@ def sf_layout_permuted_mkl(m, k, l):
         [
             cute.make_layout([cute.get(atom, mode=[0]), grid[0]]),
             cute.make_layout([cute.get(atom, mode=[1]), grid[1]]),
-            grid[2],
+            cute.make_layout([cute.make_layout(1, stride=0), grid[2]]),  # (1, l): the atom has no batch mode
         ]
     )
 

@@ -226,3 +226,27 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
         del pool
         torch.cuda.empty_cache()
     return bw, rows
+
+
+def sweep_simt_configs(shapes, configs, log=print):
+    """Graph-timed µs of the CUDA-core kernel for each config on each shape (kernel time only, L2 defeated by the
+    rotated pool); returns {(shape, config): µs}. Used to fill the config table in submission.kernel."""
+    from cute_kernels import gemv_simt
+    from submission.reference import generate_input
+
+    out = {}
+    for m, k, l in shapes:  # noqa: E741
+        pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
+        for cfg in configs:
+            fn = gemv_simt.compile(cfg).__tvm_ffi_object__()
+
+            def call(d, fn=fn):
+                fn(d[0], d[1], d[4], d[5], d[6])
+
+            us = graph_time_us(call, pool)
+            out[((m, k, l), cfg)] = us
+            log(f"{m:>6} {k:>6} {l:>2}  warps={cfg.warps:<2} r_lanes={cfg.r_lanes} rows/thr={cfg.rows_per_thread} "
+                f"unroll={cfg.unroll}  {us:8.2f} us")
+        del pool
+        torch.cuda.empty_cache()
+    return out

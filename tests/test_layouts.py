@@ -4,25 +4,25 @@ corrupting any one stride of any layout makes the agreement check fail.
 
 Evaluation: one ``@cute.jit`` host function per layout, compiled once with dynamic (m, k, l), writes
 layout(idx) for every 1-D index idx (colexicographic over the layout's modes) into an int32 numpy buffer.
+Host code needs no GPU and no particular CUTE_DSL_ARCH.
 """
 
 import functools
-import os
+import subprocess
+import sys
 
-os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+import cutlass
+import cutlass.cute as cute
+import numpy as np
+import pytest
+import torch
+from cutlass.cute.runtime import make_ptr
+from cutlass.utils.blockscaled_layout import tile_atom_to_shape_SF
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-import cutlass  # noqa: E402
-import cutlass.cute as cute  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from cutlass.cute.runtime import make_ptr  # noqa: E402
-from cutlass.utils.blockscaled_layout import tile_atom_to_shape_SF  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from layouts import closed_form as cf  # noqa: E402
-from layouts import convert, sf_cute  # noqa: E402
+from layouts import closed_form as cf
+from layouts import convert, sf_cute
 
 CONTEST_SHAPES = [
     (128, 256, 1),
@@ -170,6 +170,30 @@ def test_permuted_mkl_equals_cutlass_tile_atom_to_shape_sf(m, k, l):
     np.testing.assert_array_equal(ours, theirs)
 
 
+@cute.jit
+def _static_layouts(m: cutlass.Constexpr, k: cutlass.Constexpr, l: cutlass.Constexpr, out: cutlass.Constexpr):
+    for layout in (sf_cute.sf_layout_permuted_mkl(m, k, l), tile_atom_to_shape_SF((m, k, l), 16)):
+        out.append((layout.shape, layout.stride))
+
+
+def _flatten(t):
+    return [x for e in t for x in _flatten(e)] if isinstance(t, tuple) else [t]
+
+
+@pytest.mark.parametrize("m,k,l", [(128, 256, 1), (2432, 4608, 2), (129, 320, 3)])
+def test_permuted_mkl_has_cutlass_shape_and_strides_with_static_sizes(m, k, l):
+    out = []
+    _static_layouts(m, k, l, out)
+    rest_m, rest_k = cf.rest_mk(m, k)
+    shape = (((32, 4), rest_m), ((16, 4), rest_k), (1, l))
+    stride = (((16, 4), 512 * rest_k), ((0, 1), 512), (0, 512 * rest_m * rest_k))
+    for got_shape, got_stride in out:  # ours, then CUTLASS's
+        assert got_shape == shape
+        # CUTLASS writes stride 0 for modes of extent 1; such a stride is never multiplied by anything but 0.
+        for n, got, want in zip(_flatten(shape), _flatten(got_stride), _flatten(stride)):
+            assert got == want or n == 1
+
+
 def test_constants():
     assert (sf_cute.SF_VEC, sf_cute.ATOM_ROWS, sf_cute.ATOM_SF_COLS, sf_cute.ATOM_K, sf_cute.ATOM_BYTES) == (
         16,
@@ -178,6 +202,17 @@ def test_constants():
         64,
         512,
     )
+
+
+def test_package_imports_cutlass_only_on_first_use_of_a_cute_name():
+    code = (
+        "import sys, layouts; assert 'cutlass' not in sys.modules; "
+        "from layouts import sf_cute; assert layouts.sf_layout_by_col is sf_cute.sf_layout_by_col; "
+        "assert layouts.ATOM_BYTES == 512"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    with pytest.raises(AttributeError):
+        _ = __import__("layouts").no_such_layout
 
 
 def test_unknown_kind_raises():
