@@ -40,6 +40,39 @@ def _asm_u32(args, asm: str, constraints: str, loc=None, ip=None) -> Uint32:
     )
 
 
+def lut_registers(arch: str, slot):
+    """The lookup table of block_dot and prepare_b, in two vector registers; call once, outside the K loop.
+
+    `slot` is this lane's 2 words of shared memory. Measured on sm_90 (SASS, 2026-11-29): with a literal table, or
+    one loaded from a warp-uniform address, ptxas keeps it in a uniform register and copies it into a vector
+    register before every PRMT: 69 extra IMAD.U32 in a 430-instruction loop body. Stored and read back through a
+    per-lane address with a volatile load, it stays in two registers."""
+    if const_expr(arch == "sm_90"):
+        slot[0] = Uint32(E2M1X2_LUT_LO)
+        slot[1] = Uint32(E2M1X2_LUT_HI)
+        addr = slot.iterator.toint()
+        return (_ld_shared_volatile(addr), _ld_shared_volatile(addr + 4))
+    return (Uint32(0), Uint32(0))
+
+
+@dsl_user_op
+def _ld_shared_volatile(addr, *, loc=None, ip=None) -> Uint32:
+    # An asm load: NVVM may not forward the stored constant into it, and ptxas cannot rematerialize it.
+    return Uint32(
+        llvm.inline_asm(
+            T.i32(),
+            [Int32(addr).ir_value(loc=loc, ip=ip)],
+            "ld.volatile.shared.b32 $0, [$1];",
+            "=r,r,~{memory}",
+            has_side_effects=True,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+            loc=loc,
+            ip=ip,
+        )
+    )
+
+
 @dsl_user_op
 def prmt(lo, hi, sel, *, loc=None, ip=None) -> Uint32:
     """`prmt.b32`: four bytes of {hi:lo} chosen by the four low selector nibbles of `sel` (one PRMT)."""
@@ -113,17 +146,18 @@ def f16x2_sum_f32(h2, *, loc=None, ip=None) -> Float32:
 # block_scale(arch) is the constant that the block sum carries (the int path sums 2a·2b).
 
 
-def prepare_b(arch: str, w):
+def prepare_b(arch: str, w, luts):
     """Per 8 elements of b (one 32-bit word): sm_90 -> two signed int8x4 words (elements 0-3, 4-7);
     sm_100 -> four f16x2 words."""
     w = Uint32(w)
     if const_expr(arch == "sm_90"):
         wn = w ^ Uint32(SIGN_BITS)
         bias = Uint32(BYTE_BIAS)
-        p_lo = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, w)
-        n_lo = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, wn)
-        p_hi = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, w >> 16)
-        n_hi = prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, wn >> 16)
+        lo, hi = luts
+        p_lo = prmt(lo, hi, w)
+        n_lo = prmt(lo, hi, wn)
+        p_hi = prmt(lo, hi, w >> 16)
+        n_hi = prmt(lo, hi, wn >> 16)
         return (((p_lo | bias) - n_lo) ^ bias, ((p_hi | bias) - n_hi) ^ bias)
     else:
         return (
@@ -134,20 +168,21 @@ def prepare_b(arch: str, w):
         )
 
 
-def block_dot(arch: str, a0, a1, bp0, bp1) -> Float32:
+def block_dot(arch: str, a0, a1, bp0, bp1, luts) -> Float32:
     """Exact Σ over one 16-element block, times block_scale(arch): A words a0, a1 against prepared b words.
 
     sm_90: the positive codes of A (P) and the magnitudes of its negative codes (N) against signed b, in two dp4a
     chains; the block sum is P·b - N·b. sm_100: eight fma.rn.f16x2 into one packed accumulator."""
     if const_expr(arch == "sm_90"):
+        lo, hi = luts
         pos = Int32(0)
         neg = Int32(0)
         for x, bp in ((Uint32(a0), bp0), (Uint32(a1), bp1)):
             xn = x ^ Uint32(SIGN_BITS)
-            pos = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, x), bp[0], pos)
-            neg = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, xn), bp[0], neg)
-            pos = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, x >> 16), bp[1], pos)
-            neg = dp4a(prmt(E2M1X2_LUT_LO, E2M1X2_LUT_HI, xn >> 16), bp[1], neg)
+            pos = dp4a(prmt(lo, hi, x), bp[0], pos)
+            neg = dp4a(prmt(lo, hi, xn), bp[0], neg)
+            pos = dp4a(prmt(lo, hi, x >> 16), bp[1], pos)
+            neg = dp4a(prmt(lo, hi, xn >> 16), bp[1], neg)
         return Float32(pos - neg)
     else:
         acc = Uint32(0)

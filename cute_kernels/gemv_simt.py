@@ -44,7 +44,7 @@ class GemvSimtConfig:
     warps: int = 8  # warps per CTA, each on its own K windows
     r_lanes: int = 8  # lanes of a warp along r; the other 32 / r_lanes lanes take consecutive K pieces
     rows_per_thread: int = 1  # r values per thread; a CTA covers 4·r_lanes·rows_per_thread rows of one slab
-    unroll: int = 2  # unroll of the K-step loop, so the loads of the next step issue before this step's math
+    stream_a: bool = True  # A and its scales load with L1::no_allocate (read once; keeps L1 for b)
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -120,49 +120,74 @@ class GemvSimt:
         )
 
     @cute.jit
-    def step(self, a_words, b_words, sfa, sfb, acc, piece, slab, r_first, m, bidl):
-        """One K piece of 32 elements for this thread's 4·rows_per_thread rows, added into acc[i, q]."""
+    def load_streaming(self, src: cute.Tensor, dst: cute.Tensor):
+        """A 128-bit load of data read exactly once (A and its scales)."""
+        if const_expr(self.cfg.stream_a):
+            atom = cute.make_copy_atom(
+                cute.nvgpu.CopyG2ROp(),
+                src.element_type,
+                num_bits_per_copy=128,
+                l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE,
+            )
+            if const_expr(cute.rank(src) == 2):
+                # The (q, jj) scale slice (4,4):(4,1) is one contiguous 16-byte run: jj-major, then one mode.
+                src = cute.make_tensor(src.iterator, cute.coalesce(cute.select(src.layout, mode=[1, 0])))
+                dst = cute.make_tensor(dst.iterator, cute.coalesce(cute.select(dst.layout, mode=[1, 0])))
+            cute.copy(atom, src, dst)
+        else:
+            cute.autovec_copy(src, dst)
+
+    def make_buffers(self):
+        """Registers for one piece: A words (word, q, i), A scales (q, jj, i), b words, b scales."""
+        return (
+            cute.make_rmem_tensor(cute.make_layout((PIECE_WORDS, 4, self.rr)), Uint32),
+            cute.make_rmem_tensor(cute.make_layout((4, 4, self.rr), stride=(4, 1, 16)), Uint8),
+            cute.make_rmem_tensor(cute.make_layout(PIECE_WORDS), Uint32),
+            cute.make_rmem_tensor(cute.make_layout(4), Uint8),
+        )
+
+    @cute.jit
+    def load_piece(self, bufs, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl):
+        """Issue every load of one 32-element K piece for this thread's 4·rows_per_thread rows."""
         cfg = self.cfg
+        rA, rS, rB, rSB = bufs
         grp = piece // 2
-        half = piece % 2
-        # Loads first: every A row and scale word of the piece is in flight before any decode.
-        rA = cute.make_rmem_tensor(cute.make_layout((PIECE_WORDS, 4, self.rr)), Uint32)
-        rS = cute.make_rmem_tensor(cute.make_layout((4, 4, self.rr), stride=(4, 1, 16)), Uint8)  # (q, jj, i)
         for i in cutlass.range_constexpr(self.rr):
             r = r_first + cfg.r_lanes * i
             for q in cutlass.range_constexpr(4):
                 row = cutlass.min(slab * 128 + q * 32 + r, m - 1)
-                cute.autovec_copy(
-                    cute.local_tile(a_words[row, None, bidl], (PIECE_WORDS,), (piece,)), rA[None, q, i]
-                )
+                self.load_streaming(cute.local_tile(a_words[row, None, bidl], (PIECE_WORDS,), (piece,)), rA[None, q, i])
             if const_expr(self.sf_padded):
                 # (q, jj) of one r: 16 contiguous bytes of the permuted buffer, one 128-bit load.
-                cute.autovec_copy(sfa[((r, None, slab), (None, grp), bidl)], rS[None, None, i])
+                self.load_streaming(sfa[((r, None, slab), (None, grp), bidl)], rS[None, None, i])
             else:
                 for q in cutlass.range_constexpr(4):
                     row = cutlass.min(slab * 128 + q * 32 + r, m - 1)
                     cute.autovec_copy(
                         sfa[((row % 32, (row // 32) % 4, row // 128), (None, grp), bidl)], rS[q, None, i]
                     )
-        rB = cute.make_rmem_tensor(cute.make_layout(PIECE_WORDS), Uint32)
         cute.autovec_copy(cute.local_tile(b_words[0, None, bidl], (PIECE_WORDS,), (piece,)), rB)
-        rSB = cute.make_rmem_tensor(cute.make_layout(4), Uint8)
         cute.autovec_copy(sfb[((0, 0, 0), (None, grp), bidl)], rSB)
 
+    @cute.jit
+    def compute_piece(self, bufs, acc, piece, luts):
+        """Decode and multiply one loaded piece, adding into acc[i, q] (two fp32 roundings per row)."""
+        rA, rS, rB, rSB = bufs
+        half = piece % 2
         sb0, sb1 = decode.e4m3x2_to_f32x2(cute.recast_tensor(rSB, Uint32)[0] >> (half * 16))
         inv = Float32(decode.block_scale(self.arch))
         sb0 = sb0 * inv
         sb1 = sb1 * inv
-        bp0 = decode.prepare_b(self.arch, rB[0])
-        bp1 = decode.prepare_b(self.arch, rB[1])
-        bp2 = decode.prepare_b(self.arch, rB[2])
-        bp3 = decode.prepare_b(self.arch, rB[3])
+        bp0 = decode.prepare_b(self.arch, rB[0], luts)
+        bp1 = decode.prepare_b(self.arch, rB[1], luts)
+        bp2 = decode.prepare_b(self.arch, rB[2], luts)
+        bp3 = decode.prepare_b(self.arch, rB[3], luts)
         for i in cutlass.range_constexpr(self.rr):
             rS32 = cute.recast_tensor(rS[None, None, i], Uint32)
             for q in cutlass.range_constexpr(4):
                 sa0, sa1 = decode.e4m3x2_to_f32x2(rS32[q] >> (half * 16))
-                d0 = decode.block_dot(self.arch, rA[0, q, i], rA[1, q, i], bp0, bp1)
-                d1 = decode.block_dot(self.arch, rA[2, q, i], rA[3, q, i], bp2, bp3)
+                d0 = decode.block_dot(self.arch, rA[0, q, i], rA[1, q, i], bp0, bp1, luts)
+                d1 = decode.block_dot(self.arch, rA[2, q, i], rA[3, q, i], bp2, bp3, luts)
                 # Each product is exact in fp32 (12-bit block sum × 8-bit scale product): one rounding per block.
                 acc[i, q] = acc[i, q] + d0 * (sa0 * sb0)
                 acc[i, q] = acc[i, q] + d1 * (sa1 * sb1)
@@ -192,18 +217,32 @@ class GemvSimt:
         pieces_per_step = cfg.c_lanes * self.warps
         n_full = n_pieces // pieces_per_step  # steps where every lane has a piece: no guard in the hot loop
 
-        acc = cute.make_rmem_tensor(cute.make_layout((self.rr, 4)), Float32)
-        acc.fill(0.0)
-        for st in cutlass.range(n_full, unroll=cfg.unroll):
-            piece = (st * self.warps + warp) * cfg.c_lanes + c
-            self.step(a_words, b_words, sfa, sfb, acc, piece, slab, r_first, m, bidl)
-        tail_piece = (n_full * self.warps + warp) * cfg.c_lanes + c
-        if tail_piece < n_pieces:
-            self.step(a_words, b_words, sfa, sfb, acc, tail_piece, slab, r_first, m, bidl)
-
-        # Lanes of a row (butterfly over c), then warps in order: a fixed summation tree.
         smem = cutlass.utils.SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout((cfg.rows_per_cta, self.warps)), 16)
+        lut_slots = smem.allocate_tensor(Uint32, cute.make_layout((2, 32)), 16)
+        luts = decode.lut_registers(self.arch, lut_slots[None, lane])
+        acc = cute.make_rmem_tensor(cute.make_layout((self.rr, 4)), Float32)
+        acc.fill(0.0)
+        # Software pipeline: the loads of step st + 1 are issued before the math of step st, so each thread keeps
+        # one whole step (4·rows_per_thread rows × 16 B of A, their scales, b) in flight while it computes.
+        piece_stride = self.warps * cfg.c_lanes
+        piece = warp * cfg.c_lanes + c
+        cur = self.make_buffers()
+        nxt = self.make_buffers()
+        if n_full > 0:
+            self.load_piece(cur, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl)
+        for st in cutlass.range(n_full, unroll=1):
+            if st + 1 < n_full:
+                self.load_piece(nxt, a_words, b_words, sfa, sfb, piece + piece_stride, slab, r_first, m, bidl)
+            self.compute_piece(cur, acc, piece, luts)
+            for t in cutlass.range_constexpr(4):
+                cur[t].store(nxt[t].load())
+            piece = piece + piece_stride
+        if piece < n_pieces:  # the last, partial step: lanes past K idle
+            self.load_piece(cur, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl)
+            self.compute_piece(cur, acc, piece, luts)
+
+        # Lanes of a row (butterfly over c), then warps in order: a fixed summation tree.
         for i in cutlass.range_constexpr(self.rr):
             for q in cutlass.range_constexpr(4):
                 v = acc[i, q]

@@ -144,11 +144,15 @@ def sf_slab_layout(k):
 def fp4_packed_view(rows, k, l):
     """(row, K element, batch) -> nibble index in the packed fp4 buffer of A (rows = M) or b (rows = 128).
 
-    Byte = nibble // 2; the low nibble holds the even K element. Shape (rows, (2, k//2), l).
+    Byte = nibble // 2; the low nibble holds the even K element. Shape (rows, (2, k//2), l). A dynamic ``k`` is
+    declared to the compiler as a multiple of 64, as the contract guarantees.
     """
     return cute.make_layout((rows, (2, k // 2), l), stride=_fp4_nibble_stride(rows, k))
 
 
 def fp4_byte_layout(rows, k, l):
-    """(row, byte column, batch) -> byte of the packed fp4 buffer: (rows, k//2, l) : (k//2, 1, rows*k//2)."""
+    """(row, byte column, batch) -> byte of the packed fp4 buffer: (rows, k//2, l) : (k//2, 1, rows*k//2).
+
+    A dynamic ``k`` is declared to the compiler as a multiple of 64, as the contract guarantees.
+    """
     return cute.make_layout((rows, k // 2, l), stride=_fp4_byte_stride(rows, k))

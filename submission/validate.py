@@ -13,6 +13,8 @@ import operator
 
 import torch
 
+from layouts.convert import permuted_shape_stride
+
 NAMES = ("a", "b", "sfa", "sfb", "sfa_permuted", "sfb_permuted", "c")
 B_ROWS = 128  # b and sfb are padded to 128 rows for cuBLAS; only row 0 is read
 SF_VEC = 16  # K elements per e4m3 scale
@@ -49,15 +51,13 @@ def validate_problem(m: int, k: int, l: int) -> tuple[int, int, int]:  # noqa: E
 def expected_layouts(m: int, k: int, l: int) -> tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]:  # noqa: E741
     """The contest's (shape, stride) of each of the 7 tensors, in NAMES order, in elements."""
     kb, kc = k // 2, k // SF_VEC
-    rest_m, rest_k = -(-m // 128), -(-kc // 4)
-    atoms = 512 * rest_k
     return (
         ((m, kb, l), (kb, 1, m * kb)),
         ((B_ROWS, kb, l), (kb, 1, B_ROWS * kb)),
         ((m, kc, l), (kc, 1, m * kc)),
         ((B_ROWS, kc, l), (kc, 1, B_ROWS * kc)),
-        ((32, 4, rest_m, 4, rest_k, l), (16, 4, atoms, 1, 512, atoms * rest_m)),
-        ((32, 4, 1, 4, rest_k, l), (16, 4, atoms, 1, 512, atoms)),
+        permuted_shape_stride(m, kc, l),
+        permuted_shape_stride(B_ROWS, kc, l),
         ((m, 1, l), (1, 1, m)),
     )
 
@@ -86,17 +86,17 @@ def validate_inputs(data, *, require_cuda: bool = False) -> tuple[int, int, int]
 
     device = a.device
     for name, t, (shape, stride) in zip(NAMES, data, expected_layouts(m, k, l)):
-        if tuple(t.shape) != shape:
+        if t.shape != shape:
             raise ValueError(
                 f"{name}: expected shape {shape} for M, K, L = {m}, {k}, {l} (from a), got {tuple(t.shape)}"
             )
         got = t.stride()
-        if any(n != 1 and s != g for n, s, g in zip(shape, stride, got)):
+        if got != stride and any(n != 1 and s != g for n, s, g in zip(shape, stride, got)):
             raise ValueError(f"{name}: expected strides {stride}, got {got}")
         if t.device != device:
             raise ValueError(f"{name}: expected device {device} (the device of a), got {t.device}")
     if require_cuda and device.type != "cuda":
-        raise ValueError(f"a: expected a CUDA device, got {device}")
+        raise ValueError(f"a: expected a CUDA device (for all 7 tensors), got {device}")
     if device.type != "meta":
         for name, t in zip(NAMES, data):
             if t.data_ptr() % PTR_ALIGN:

@@ -1,0 +1,287 @@
+"""CPU tests of the `nvfp4-gemv` CLI: `check` without a GPU (notice, reference numbers against float64, compiles),
+`compile --arch sm_90a` (PTX, cubin and instruction counts), `bench` without a GPU (floor table = bytes/bandwidth,
+bench.csv, roofline PNG), `submission` wiring, the instruction counter and the plot data, and argument errors."""
+
+import contextlib
+import csv
+import io
+import math
+import re
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from submission import cli, plots
+from submission import shapes as shapes_mod
+from submission.reference import FP4_E2M1_LUT, generate_full_range, ref_kernel
+from submission.shapes import BENCH_SHAPES, TEST_SHAPES, bytes_moved
+
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="tests the CLI's no-GPU path")
+
+
+def run_main(argv):
+    """(exit code, stdout) of cli.main(argv) in this process."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = cli.main(argv)
+    return rc, buf.getvalue()
+
+
+def table_rows(text, first_header):
+    """Rows of the table whose header line starts with `first_header`, split on runs of 2+ spaces."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith(first_header))
+    rows = []
+    for ln in lines[start + 2:]:
+        if not ln.strip() or ln.startswith(("[", "-")) or re.match(r"^\d+ of \d+ passed", ln):
+            break
+        rows.append(re.split(r"\s{2,}", ln.strip()))
+    return rows
+
+
+# ---- check without a GPU ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def check_cpu():
+    return run_main(["check", "--shapes", "contest", "--sf", "permuted"])
+
+
+@cpu_only
+def test_check_prints_one_notice_and_passes(check_cpu):
+    rc, out = check_cpu
+    assert rc == 0
+    notices = [ln for ln in out.splitlines() if "No CUDA GPU" in ln]
+    assert len(notices) == 1 and out.splitlines()[0] == notices[0]
+    assert "CPU part only" in notices[0]
+
+
+@cpu_only
+def test_check_reference_table_numbers(check_cpu):
+    _, out = check_cpu
+    rows = table_rows(out, "shape (M,K,L)")
+    assert len(rows) == len(TEST_SHAPES) * len(cli.DATA_KINDS)
+    assert {r[0] for r in rows} == {str(s) for s in TEST_SHAPES}
+    assert all(r[2] == "permuted" and r[4] == "pass" for r in rows)
+    # Contest data: fp32 sums are exact, so the reference equals the float64 GEMV bit for bit.
+    assert all(float(r[3]) == 0.0 for r in rows if r[1] == "contest")
+    errs = {(r[0], r[1]): float(r[3]) for r in rows}
+    # Full range: the error is the fp32-vs-float64 rounding, at most one fp16 ulp of the largest outputs.
+    assert errs[(str((2432, 4608, 2)), "full")] > 0
+    assert errs[(str((512, 4096, 2)), "full")] == errs[(str((512, 4096, 2)), "full+nan")]
+
+
+@cpu_only
+def test_check_full_range_error_matches_an_independent_recomputation(check_cpu):
+    """The printed max abs err of one full-range row equals |ref - fp16(float64)| recomputed here with torch."""
+    _, out = check_cpu
+    rows = {(r[0], r[1]): r[3] for r in table_rows(out, "shape (M,K,L)")}
+    n = TEST_SHAPES.index((512, 4096, 2))
+    m, k, l = TEST_SHAPES[n]  # noqa: E741
+    data = generate_full_range(m, k, l, seed=1000 + n)  # the seed the CLI uses for the n-th shape
+    ref = ref_kernel(data).double()
+    lut = torch.tensor(FP4_E2M1_LUT, dtype=torch.float64)
+    au, bu = data[0].view(torch.uint8), data[1].view(torch.uint8)[0]
+    a = torch.stack((lut[(au & 15).long()], lut[(au >> 4).long()]), 2).reshape(m, k, l)
+    a = a * data[2].double().repeat_interleave(16, 1)
+    b = torch.stack((lut[(bu & 15).long()], lut[(bu >> 4).long()]), 1).reshape(k, l)
+    b = b * data[3][0].double().repeat_interleave(16, 0)
+    exact = (a * b[None]).sum(1).to(torch.float16).double()
+    err = float((ref[:, 0, :] - exact).abs().max())
+    assert err > 0
+    assert float(rows[(str((m, k, l)), "full")]) == pytest.approx(err, rel=1e-5)
+
+
+@cpu_only
+def test_check_compiles_kernels_for_both_targets(check_cpu):
+    _, out = check_cpu
+    rows = {r[0]: r for r in table_rows(out, "kernel")}
+    assert set(rows) == {"gemv_simt_sm_90a_permuted", "gemv_tc_sm100a_permuted", "gemv_simt_sm_100a_permuted"}
+    assert all(r[3] == "ok" for r in rows.values())
+    assert {r[1] for r in rows.values()} == {"sm_90a", "sm_100a"}
+
+
+@cpu_only
+def test_check_fails_when_the_reference_is_off_by_one_ulp(monkeypatch):
+    import submission.reference as reference
+
+    real = reference.ref_kernel
+
+    def off(data):
+        c = real(data)
+        c.view(torch.int16)[0, 0, 0] += 1  # one fp16 ulp: within tolerance, but not bit-exact on contest data
+        return c
+
+    monkeypatch.setattr(reference, "ref_kernel", off)
+    monkeypatch.setattr(shapes_mod, "TEST_SHAPES", ((128, 256, 1),))
+    monkeypatch.setattr(cli, "kernel_builders", lambda arch, sf_kinds=cli.SF_KINDS: [])
+    rc, out = run_main(["check", "--sf", "plain"])
+    assert rc == 1
+    rows = {r[1]: r for r in table_rows(out, "shape (M,K,L)")}
+    assert rows["contest"][4].startswith("FAIL: not bit-exact")
+    assert rows["full"][4] == "pass"  # one ulp passes the contest tolerance
+
+
+def test_fp64_gemv_reads_the_permuted_buffer():
+    """Both scale sources give the same float64 result; corrupting one permuted byte moves exactly its row."""
+    data = generate_full_range(129, 320, 2, seed=7)
+    plain, perm = cli.fp64_gemv(data, "plain"), cli.fp64_gemv(data, "permuted")
+    np.testing.assert_array_equal(plain, perm)
+    sfa_p = data[4].view(torch.uint8)
+    sfa_p[5, 2, 1, 3, 4, 1] ^= 0x08  # row 5 + 32*2 + 128*1 = 197 > M: padding, no effect
+    np.testing.assert_array_equal(cli.fp64_gemv(data, "permuted"), plain)
+    sfa_p[5, 0, 1, 3, 4, 1] ^= 0x08  # row 133, scale column 19, batch 1
+    changed = np.argwhere(cli.fp64_gemv(data, "permuted") != plain)
+    assert changed.tolist() == [[133, 1]]
+
+
+# ---- compile ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compiled_sm90(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sm90a")
+    rc, text = run_main(["compile", "--arch", "sm_90a", "--out", str(out)])
+    return rc, text, out
+
+
+def summary_counts(text):
+    """{kernel: {instruction: count}} from the PTX table of a summary."""
+    rows = table_rows(text, "instruction")
+    header = re.split(r"\s{2,}", next(ln for ln in text.splitlines() if ln.startswith("instruction")).strip())
+    return {k: {r[0]: int(r[i + 1]) for r in rows} for i, k in enumerate(header[1:])}
+
+
+def test_compile_sm90a_writes_ptx_cubin_and_summary(compiled_sm90):
+    rc, text, out = compiled_sm90
+    assert rc == 0
+    for sf in ("permuted", "plain"):
+        ptx = (out / f"gemv_simt_sm_90a_{sf}.ptx").read_text()
+        assert ".target sm_90a" in ptx
+        assert (out / f"gemv_simt_sm_90a_{sf}.cubin").read_bytes()[:4] == b"\x7fELF"
+    assert (out / "summary.txt").read_text() in text
+
+
+def test_compile_sm90a_instruction_counts(compiled_sm90):
+    _, _, out = compiled_sm90
+    counts = summary_counts((out / "summary.txt").read_text())
+    assert set(counts) == {"gemv_simt_sm_90a_permuted", "gemv_simt_sm_90a_plain"}
+    for name, c in counts.items():
+        assert c["dp4a"] > 0 and c["prmt"] > 0, name  # the integer fp4 path
+        assert c["ld.local"] == 0 and c["st.local"] == 0, name  # no spills, no local arrays
+        assert c["ld.global.v4"] > 0, name  # 128-bit loads of A
+        assert c["cvt.rn.f16x2.e2m1x2"] == 0 and c["tcgen05.mma"] == 0, name  # sm_100a-only instructions
+        # The counter agrees with a plain text count of the PTX.
+        ptx = (out / f"{name}.ptx").read_text()
+        assert c["dp4a"] == len(re.findall(r"^\s*(?:@\S+\s+)?dp4a\.", ptx, re.M))
+
+
+def test_instruction_counts_on_a_ptx_snippet():
+    ptx = """
+    .version 8.8
+    // ld.local.u32 in a comment
+    $L__BB0_1:
+        ld.global.nc.L1::no_allocate.v4.u32 {%r1, %r2, %r3, %r4}, [%rd1];
+        ld.global.v4.b32 {%r5, %r6, %r7, %r8}, [%rd2];
+        ld.global.b32 %r9, [%rd3];
+        @%p1 ld.local.u32 %r10, [%rd4];
+        @!%p2 st.local.u32 [%rd4], %r10;
+        dp4a.s32.s32 %r11, %r1, %r2, %r3;
+        prmt.b32 %r12, %r1, %r2, %r3;
+        tcgen05.mma.cta_group::1.kind::mxf4nvf4.block_scale.block16 [%r1], %rd1, %rd2, %r2, [%r3], [%r4], p;
+        atom.global.acq_rel.add.u32 %r13, [%rd5], 1;
+    """
+    c = cli.instruction_counts(ptx)
+    assert (c["ld.global.v4"], c["ld.global"], c["ld.local"], c["st.local"]) == (2, 3, 1, 1)
+    assert (c["dp4a"], c["prmt"], c["tcgen05.mma"], c["atom/red"], c["fma.rn.f32"]) == (1, 1, 1, 1, 0)
+
+
+# ---- bench without a GPU ---------------------------------------------------------------------------------------
+
+
+@cpu_only
+def test_bench_without_gpu_prints_floor_table(tmp_path):
+    rc, out = run_main(["bench", "--out", str(tmp_path)])
+    assert rc == 0
+    assert len([ln for ln in out.splitlines() if "No CUDA GPU" in ln]) == 1
+    assert "nominal" in out and "4.8 TB/s" in out
+    rows = table_rows(out, "shape (M,K,L)")
+    assert [r[0] for r in rows] == [str(s.mkl) for s in BENCH_SHAPES]
+    for r, s in zip(rows, BENCH_SHAPES):
+        nb = bytes_moved(*s.mkl)
+        assert int(r[1]) == nb
+        assert float(r[3]) == pytest.approx(nb / 4.8e12 * 1e6, abs=0.005)
+        assert float(r[4]) == s.b200_sol_us
+    with open(tmp_path / "bench.csv") as f:
+        recs = list(csv.DictReader(f))
+    assert [(int(x["m"]), int(x["k"]), int(x["l"])) for x in recs] == [s.mkl for s in BENCH_SHAPES]
+    for x in recs:
+        assert float(x["floor_us"]) == pytest.approx(int(x["bytes"]) / 4.8e12 * 1e6, rel=1e-12)
+        assert math.isnan(float(x["contest_us"]))
+    png = (tmp_path / "roofline.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+@cpu_only
+def test_bench_given_bandwidth_and_shapes(tmp_path):
+    rc, out = run_main(["bench", "--shapes", "128,256,1", "512,4096,2", "--bandwidth", "2", "--out", str(tmp_path)])
+    assert rc == 0
+    assert "given" in out and "nominal" not in out
+    rows = table_rows(out, "shape (M,K,L)")
+    assert [float(r[3]) for r in rows] == [round(bytes_moved(*s) / 2e12 * 1e6, 2) for s in ((128, 256, 1),
+                                                                                           (512, 4096, 2))]
+
+
+def test_plot_data_is_the_floor_and_the_timed_points():
+    rows = cli.floor_rows([(7168, 2048, 4), (4096, 7168, 8)], 4e12, "given")
+    rows.append({**rows[0], "variant": "x", "contest_us": 9.0, "graph_us": float("nan")})
+    xs, ys = plots.floor_line(rows, 4e12, points=5)
+    assert xs[0] == bytes_moved(7168, 2048, 4) / 2 and xs[-1] == pytest.approx(bytes_moved(4096, 7168, 8) * 2)
+    assert ys == pytest.approx([x / 4e12 * 1e6 for x in xs])
+    assert plots.series(rows) == {("x", "contest timing"): [(bytes_moved(7168, 2048, 4), 9.0)]}
+
+
+# ---- submission and argument errors -----------------------------------------------------------------------------
+
+
+def test_submission_calls_write_submission(monkeypatch, tmp_path):
+    calls = []
+
+    def write_submission(path):
+        calls.append(path)
+        path.write_text("# generated\n")
+
+    monkeypatch.setitem(sys.modules, "submission.generate", types.SimpleNamespace(write_submission=write_submission))
+    rc, out = run_main(["submission", "--out", str(tmp_path / "s.py")])
+    assert rc == 0 and calls == [tmp_path / "s.py"]
+    assert "12 bytes" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "required"),
+        (["bench", "--shapes", "128,100,1"], "K must be a multiple of 64"),
+        (["bench", "--shapes", "128,256"], "M,K,L"),
+        (["bench", "--iters", "0"], "--iters"),
+        (["bench", "--bandwidth", "-1"], "--bandwidth"),
+        (["compile", "--arch", "sm_80", "--out", "x"], "invalid choice"),
+        (["compile", "--arch", "sm_90a"], "--out"),
+        (["check", "--sf", "blocked"], "invalid choice"),
+    ],
+)
+def test_argument_errors_exit_nonzero(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_console_script_reports_bad_shape():
+    r = subprocess.run([sys.executable, "-m", "submission.cli", "bench", "--shapes", "0,64,1"], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "M must be >= 1" in r.stderr

@@ -1,0 +1,322 @@
+"""Tests of the single-file submission generator: determinism, embedded sources equal to the project's, imports
+limited to torch / the CuTe DSL / the standard library, import and kernel compiles (sm_90a, sm_100a) from an empty
+folder with the project off the path, refusal of an older DSL, and (on a GPU) the contest check on every test shape."""
+
+import ast
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from submission import generate
+from submission.generate import BUNDLE_PACKAGE, GenerateError, collect_modules, generate_submission, redirect_imports
+
+PROJECT = str(generate.PROJECT_ROOT)
+ALLOWED_TOP = {"torch", "cutlass", "tvm_ffi", BUNDLE_PACKAGE} | set(sys.stdlib_module_names)
+
+
+@pytest.fixture(scope="module")
+def text():
+    return generate_submission()
+
+
+def _embedded(text):
+    """The generated file's _SOURCES dict, read with ast (the file is not imported)."""
+    tree = ast.parse(text)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "_SOURCES":
+            return ast.literal_eval(node.value)
+    raise AssertionError("no _SOURCES in the generated file")
+
+
+def _imports(tree):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            yield node.module
+
+
+# ---------------------------------------------------------------- the text
+
+
+def test_generation_is_deterministic(text, tmp_path):
+    assert generate_submission() == text
+    path = generate.write_submission(tmp_path / "submission.py")
+    assert path.read_bytes() == text.encode("utf-8")
+    assert b"\r" not in path.read_bytes()
+    assert " at 0x" not in text and "/work/" not in text  # no object reprs, no paths of this machine
+
+
+def test_header_states_dsl_version(text):
+    head = text.splitlines()[:3]
+    assert any("nvidia-cutlass-dsl 4.8.1" in ln for ln in head), head
+    assert 'DSL_VERSION = "4.8.1"' in text
+
+
+def test_embeds_exactly_the_modules_kernel_needs_in_dependency_order(text):
+    sources = _embedded(text)
+    assert list(sources) == [n for n, _ in collect_modules()]
+    assert set(sources) >= {
+        "layouts.sf_cute", "cute_kernels.decode", "cute_kernels.tile_scheduler", "cute_kernels.gemv_simt",
+        "cute_kernels.gemv_tc_sm100", "submission.validate", "submission.kernel",
+    }  # fmt: skip
+    # the library's host-side tools never ride along
+    assert not set(sources) & {"submission.reference", "submission.bench", "submission.cli", "submission.generate",
+                               "submission.op"}
+    seen = set()
+    for name, src in sources.items():
+        needs = set()
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, ast.ImportFrom) and node.module.startswith(BUNDLE_PACKAGE + "."):
+                mod = node.module[len(BUNDLE_PACKAGE) + 1 :]
+                needs |= {f"{mod}.{a.name}" if f"{mod}.{a.name}" in sources else mod for a in node.names}
+        assert needs - {name} <= seen, f"{name} needs {needs - seen} before it"
+        if name == "submission.kernel":
+            assert {"submission.validate", "cute_kernels.gemv_simt", "cute_kernels.gemv_tc_sm100"} <= needs
+        seen.add(name)
+
+
+def test_embedded_sources_are_the_project_files_with_imports_redirected(text):
+    sources = _embedded(text)
+    for name, src in sources.items():
+        path = os.path.join(PROJECT, *name.split(".")) + ".py"
+        with open(path, encoding="utf-8") as f:
+            original = f.read()
+        assert src == redirect_imports(original, name)
+        assert len(src.splitlines()) == len(original.splitlines())
+        changed = [i for i, (x, y) in enumerate(zip(src.splitlines(), original.splitlines())) if x != y]
+        assert all("import" in original.splitlines()[i] for i in changed), name
+
+
+def test_imports_only_torch_dsl_and_stdlib(text):
+    trees = [ast.parse(text)] + [ast.parse(s) for s in _embedded(text).values()]
+    tops = {m.split(".")[0] for t in trees for m in _imports(t)}
+    assert tops <= ALLOWED_TOP, tops - ALLOWED_TOP
+    assert not tops & set(generate.PROJECT_PACKAGES)
+    assert {"torch", "cutlass", BUNDLE_PACKAGE} <= tops
+
+
+# ---------------------------------------------------------------- the import rewrite
+
+
+def test_redirect_keeps_lines_and_bytes_around_imports():
+    src = textwrap.dedent(
+        '''\
+        """Docstring · with non-ASCII µ."""
+        import os
+        from layouts.closed_form import (
+            atom_offset,
+            plain_offset as po,
+        )
+        x = "from layouts import sf_cute"  # a string, not an import
+
+
+        def f():
+            σ = 1; from cute_kernels import decode as d  # noqa
+            import cute_kernels.decode as dec
+            return σ, d, dec
+        '''
+    )
+    out = redirect_imports(src)
+    lines, orig = out.splitlines(), src.splitlines()
+    assert len(lines) == len(orig)
+    assert lines[2] == f"from {BUNDLE_PACKAGE}.layouts.closed_form import atom_offset, plain_offset as po"
+    assert lines[3:6] == ["", "", ""]
+    assert lines[6] == orig[6]  # the string literal is left alone
+    assert lines[10] == f"    σ = 1; from {BUNDLE_PACKAGE}.cute_kernels import decode as d  # noqa"
+    assert lines[11] == f"    import {BUNDLE_PACKAGE}.cute_kernels.decode as dec"
+    assert [i for i, (a, b) in enumerate(zip(lines, orig)) if a != b] == [2, 3, 4, 5, 10, 11]
+
+
+@pytest.mark.parametrize(
+    "src,match",
+    [
+        ("import layouts.sf_cute\n", "binds the top-level package"),
+        ("from .decode import prmt\n", "relative import"),
+        ("import os, layouts.sf_cute as s\n", "mixes project and other modules"),
+    ],
+)
+def test_redirect_refuses_import_forms_it_cannot_keep(src, match):
+    with pytest.raises(GenerateError, match=match):
+        redirect_imports(src)
+
+
+def _tree(root, files):
+    for rel, src in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(src)
+    return root
+
+
+def test_collect_orders_dependencies_first_and_finds_function_level_imports(tmp_path):
+    root = _tree(tmp_path, {
+        "layouts/__init__.py": "",
+        "layouts/z.py": "X = 1\n",
+        "cute_kernels/__init__.py": "",
+        "cute_kernels/k.py": "from layouts.z import X\n",
+        "submission/__init__.py": "",
+        "submission/v.py": "import os\n",
+        "submission/kernel.py": "from submission.v import os\ndef f():\n    from cute_kernels import k\n",
+    })  # fmt: skip
+    order = [n for n, _ in collect_modules("submission.kernel", root)]
+    assert order == ["layouts.z", "submission.v", "cute_kernels.k", "submission.kernel"]
+
+
+def test_collect_refuses_a_cycle(tmp_path):
+    root = _tree(tmp_path, {
+        "submission/__init__.py": "",
+        "submission/kernel.py": "from submission import v\n",
+        "submission/v.py": "from submission import kernel\n",
+    })  # fmt: skip
+    with pytest.raises(GenerateError, match="import cycle"):
+        collect_modules("submission.kernel", root)
+
+
+@pytest.mark.parametrize("src", ["plain\n", "ends with a quote'", "has ''' inside", "ends with \\", "tab\t\\n µ"])
+def test_source_literals_round_trip(src):
+    assert ast.literal_eval(generate._literal(src)) == src
+
+
+# ---------------------------------------------------------------- the file in a clean interpreter
+
+BOOT = r"""
+import importlib.util, inspect, json, os, sys
+folder, out_dir, project = sys.argv[1:4]
+# A clean interpreter: no editable-install finder, no project folder, nothing but the submission's folder.
+sys.meta_path[:] = [
+    f for f in sys.meta_path
+    if not (f.__module__ if isinstance(f, type) else type(f).__module__).startswith("__editable__")
+]
+sys.path[:] = [folder] + [p for p in sys.path if p not in ("", project)]
+res = {"project_findable": [n for n in ("layouts", "cute_kernels") if importlib.util.find_spec(n) is not None]}
+
+import cutlass
+real = cutlass.__version__
+cutlass.__version__ = "4.3.0"
+try:
+    import submission
+    res["old_dsl_error"] = None
+except ImportError as e:
+    res["old_dsl_error"] = str(e)
+cutlass.__version__ = real
+sys.modules.pop("submission", None)
+
+import submission
+res["file"] = submission.__file__
+res["custom_kernel_params"] = list(inspect.signature(submission.custom_kernel).parameters)
+res["version_check"] = {}
+for v in ("4.8.1", "4.8.1.dev0", "4.10.0", "5.0", "4.8.0", "4.7.12", "3.9", "", None):
+    try:
+        submission.check_dsl_version(v)
+        res["version_check"][repr(v)] = "ok"
+    except ImportError as e:
+        res["version_check"][repr(v)] = str(e)
+for arch, variant in (("sm_90a", "simt"), ("sm_100a", "simt"), ("sm_100a", "tc")):
+    ptx = submission.compile_for_arch(arch, variant).__ptx__ or ""
+    if "\n" not in ptx and os.path.isfile(ptx):  # some DSL paths give the dumped file's name
+        with open(ptx) as f:
+            ptx = f.read()
+    with open(f"{out_dir}/{arch}_{variant}.ptx", "w") as f:
+        f.write(ptx)
+res["project_modules"] = sorted(
+    n for n, m in sys.modules.items() if (getattr(m, "__file__", None) or "").startswith(project + "/")
+)
+with open(f"{out_dir}/result.json", "w") as f:
+    json.dump(res, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def clean_run(text, tmp_path_factory):
+    """Run BOOT once: import the file from an empty folder, try an old DSL, compile three kernels (about 20 s)."""
+    folder = tmp_path_factory.mktemp("empty")
+    out = tmp_path_factory.mktemp("out")
+    (folder / "submission.py").write_text(text, encoding="utf-8")
+    (out / "dump").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "CUTE_DSL"))}
+    env.update(CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(out / "dump"))
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", BOOT, str(folder), str(out), PROJECT],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads((out / "result.json").read_text())
+    res["ptx"] = {p.stem: p.read_text() for p in out.glob("*.ptx")}
+    res["folder"] = str(folder)
+    return res
+
+
+@pytest.mark.slow
+def test_imports_from_an_empty_folder_without_the_project(clean_run):
+    assert clean_run["project_findable"] == []
+    assert clean_run["file"] == os.path.join(clean_run["folder"], "submission.py")
+    assert clean_run["custom_kernel_params"][0] == "data"
+    assert clean_run["project_modules"] == []
+
+
+@pytest.mark.slow
+def test_refuses_an_older_dsl(clean_run):
+    msg = clean_run["old_dsl_error"]
+    assert msg is not None and "4.8.1" in msg and "4.3.0" in msg and "older" in msg
+    checks = clean_run["version_check"]
+    assert [k for k, v in checks.items() if v == "ok"] == ["'4.8.1'", "'4.8.1.dev0'", "'4.10.0'", "'5.0'"]
+    assert all("4.8.1" in checks[k] for k in ("'4.8.0'", "'4.7.12'", "'3.9'", "''", "None"))
+
+
+@pytest.mark.slow
+def test_sm90a_kernel_is_the_cuda_core_decode(clean_run):
+    ptx = clean_run["ptx"]["sm_90a_simt"]
+    assert ".target sm_90a" in ptx
+    assert "dp4a.s32.s32" in ptx and "prmt.b32" in ptx
+    assert "ld.local" not in ptx  # no spills
+    assert "tcgen05" not in ptx and "e2m1x2" not in ptx
+
+
+@pytest.mark.slow
+def test_sm100a_tensor_core_kernel(clean_run):
+    ptx = clean_run["ptx"]["sm_100a_tc"]
+    assert ".target sm_100a" in ptx
+    mma = [ln for ln in ptx.splitlines() if "tcgen05.mma" in ln]
+    assert mma and all("kind::mxf4nvf4" in ln and "block_scale.block16" in ln for ln in mma)
+
+
+@pytest.mark.slow
+def test_sm100a_cuda_core_kernel_uses_hardware_fp4_decode(clean_run):
+    ptx = clean_run["ptx"]["sm_100a_simt"]
+    assert ".target sm_100a" in ptx
+    assert "cvt.rn.f16x2.e2m1x2" in ptx and "fma.rn.f16x2" in ptx
+    assert "dp4a" not in ptx and "tcgen05" not in ptx and "ld.local" not in ptx
+
+
+# ---------------------------------------------------------------- on a GPU: the contest's check
+
+
+@pytest.mark.gpu
+def test_generated_submission_passes_the_contest_check(text, tmp_path):
+    import torch
+
+    from submission.reference import check, generate_input, ref_kernel
+    from submission.shapes import TEST_SHAPES
+
+    path = generate.write_submission(tmp_path / "submission.py")
+    spec = importlib.util.spec_from_file_location("nvfp4_gemv_generated_submission", path)
+    sub = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sub)
+    for m, k, l in TEST_SHAPES:
+        data = generate_input(m, k, l, seed=m + k + l, device="cuda")
+        data[-1].fill_(float("nan"))
+        out = sub.custom_kernel(data)
+        torch.cuda.synchronize()
+        assert out.data_ptr() == data[-1].data_ptr()
+        ref_data = list(data)
+        ref_data[-1] = torch.empty_like(data[-1])
+        ref = ref_kernel(tuple(ref_data))
+        ok, msg = check(out, ref)
+        assert ok, f"{(m, k, l)}: {msg}"
+        assert torch.equal(out, ref), (m, k, l)  # exact on contest data
