@@ -355,7 +355,7 @@ def _cmd_bench(args) -> int:
         print(f"{NO_GPU}: compiling the sm_90a kernels and the byte floors at the {kind} bandwidth "
               f"{args.bandwidth:g} TB/s; nothing is timed.", flush=True)
         rows = floor_rows(shapes, bw, kind)
-        table = [((r["m"], r["k"], r["l"]), r["bytes"], f"{r['bytes'] / 1e6:.1f}", f"{r['floor_us']:.2f}",
+        table = [((r["m"], r["k"], r["l"]), r["bytes"], f"{r['bytes'] / 1e6:.3g}", f"{r['floor_us']:.3f}",
                   f"{_b200_sol((r['m'], r['k'], r['l'])):.3f}") for r in rows]
         print(f"Memory floor at {args.bandwidth:g} TB/s ({kind}):")
         print(format_table(("shape (M,K,L)", "bytes moved", "MB", "floor us", "B200 SOL us"), table))

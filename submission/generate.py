@@ -345,6 +345,16 @@ def generate_submission(entry: str = ENTRY_MODULE, root: Path = PROJECT_ROOT) ->
     return text
 
 
+# GPU MODE's submission bot refuses any file whose text contains this word, in any case, anywhere (comments and
+# docstrings included), with "Your code contains work on another stream" (discord-cluster-manager's check).
+CONTEST_FORBIDDEN_WORD = "stream"
+
+
+def contest_policy_findings(text: str) -> list[tuple[int, str]]:
+    """(line number, line) of each line of `text` that the contest's word filter would refuse."""
+    return [(i, ln) for i, ln in enumerate(text.splitlines(), 1) if CONTEST_FORBIDDEN_WORD in ln.lower()]
+
+
 def write_submission(path) -> Path:
     """Write generate_submission() to `path` (UTF-8, "\\n" line ends) and return the path."""
     path = Path(path)

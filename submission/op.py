@@ -46,7 +46,9 @@ def validate_operands(a, b, sfa_permuted, sfb_permuted, c, *, require_cuda=False
     for name, t, idx in zip(OPERANDS, tensors, _CONTEST_INDEX):
         shape, stride = layouts[idx]
         if tuple(t.shape) != shape:
-            raise ValueError(f"{name}: expected shape {shape} for M, K, L = {m}, {k}, {l} (from a), got {tuple(t.shape)}")
+            raise ValueError(
+                f"{name}: expected shape {shape} for M, K, L = {m}, {k}, {l} (from a), got {tuple(t.shape)}"
+            )
         if any(n != 1 and s != g for n, s, g in zip(shape, stride, t.stride())):
             raise ValueError(f"{name}: expected strides {stride}, got {t.stride()}")
         if t.device != a.device:

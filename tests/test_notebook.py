@@ -1,0 +1,47 @@
+"""Executes notebooks/layouts.ipynb on the CPU with nbclient and checks its pictures and the numbers it prints."""
+
+import base64
+import time
+from pathlib import Path
+
+import nbclient
+import nbformat
+import pytest
+
+NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "layouts.ipynb"
+
+
+@pytest.fixture(scope="module")
+def executed():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    t = time.perf_counter()
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOK.parent)}}).execute()
+    return nb, time.perf_counter() - t
+
+
+def outputs(nb):
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+
+
+def test_notebook_runs_without_error_in_under_a_minute(executed):
+    nb, seconds = executed
+    assert not [o for o in outputs(nb) if o.output_type == "error"]
+    assert all(c.execution_count for c in nb.cells if c.cell_type == "code")
+    assert seconds < 60
+
+
+def test_notebook_draws_its_pictures(executed):
+    nb, _ = executed
+    pngs = [base64.b64decode(o.data["image/png"]) for o in outputs(nb) if "image/png" in o.get("data", {})]
+    assert len(pngs) >= 3  # the atom, the CTA map, the access patterns
+    assert all(p[:8] == b"\x89PNG\r\n\x1a\n" and len(p) > 20_000 for p in pngs)
+
+
+def test_notebook_prints_the_layout_numbers(executed):
+    nb, _ = executed
+    text = "".join(o.text for o in outputs(nb) if o.output_type == "stream")
+    assert "slab 0 spans bytes 0..16383 (16384 distinct = 512 * K/64 = 16384)" in text
+    # One warp's scale load for one K step: 8 rows of r x 4 row groups x 2 scale groups x 4 columns = 256 bytes.
+    assert "permuted: 256 bytes, 8 sectors, 2 contiguous runs" in text
+    assert "plain: 256 bytes, 32 sectors, 32 contiguous runs" in text
