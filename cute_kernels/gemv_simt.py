@@ -44,7 +44,7 @@ class GemvSimtConfig:
     warps: int = 8  # warps per CTA, each on its own K windows
     r_lanes: int = 8  # lanes of a warp along r; the other 32 / r_lanes lanes take consecutive K pieces
     rows_per_thread: int = 1  # r values per thread; a CTA covers 4·r_lanes·rows_per_thread rows of one slab
-    stream_a: bool = True  # A and its scales load with L1::no_allocate (read once; keeps L1 for b)
+    unroll: int = 2  # unroll of the K-step loop
 
     def __post_init__(self):
         if self.arch not in ARCHS:
@@ -120,22 +120,21 @@ class GemvSimt:
         )
 
     @cute.jit
-    def load_streaming(self, src: cute.Tensor, dst: cute.Tensor):
-        """A 128-bit load of data read exactly once (A and its scales)."""
-        if const_expr(self.cfg.stream_a):
-            atom = cute.make_copy_atom(
-                cute.nvgpu.CopyG2ROp(),
-                src.element_type,
-                num_bits_per_copy=128,
-                l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE,
-            )
-            if const_expr(cute.rank(src) == 2):
-                # The (q, jj) scale slice (4,4):(4,1) is one contiguous 16-byte run: jj-major, then one mode.
-                src = cute.make_tensor(src.iterator, cute.coalesce(cute.select(src.layout, mode=[1, 0])))
-                dst = cute.make_tensor(dst.iterator, cute.coalesce(cute.select(dst.layout, mode=[1, 0])))
-            cute.copy(atom, src, dst)
-        else:
-            cute.autovec_copy(src, dst)
+    def load_once(self, src: cute.Tensor, dst: cute.Tensor):
+        """A 128-bit load of data read exactly once (A and its scales), with L1::no_allocate so L1 keeps b.
+
+        Measured on the H200 (2026-11-29): 0.3-0.8 µs faster than default-cached loads on the benchmark shapes."""
+        atom = cute.make_copy_atom(
+            cute.nvgpu.CopyG2ROp(),
+            src.element_type,
+            num_bits_per_copy=128,
+            l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE,
+        )
+        if const_expr(cute.rank(src) == 2):
+            # The (q, jj) scale slice (4,4):(4,1) is one contiguous 16-byte run: jj-major, then one mode.
+            src = cute.make_tensor(src.iterator, cute.coalesce(cute.select(src.layout, mode=[1, 0])))
+            dst = cute.make_tensor(dst.iterator, cute.coalesce(cute.select(dst.layout, mode=[1, 0])))
+        cute.copy(atom, src, dst)
 
     def make_buffers(self):
         """Registers for one piece: A words (word, q, i), A scales (q, jj, i), b words, b scales."""
@@ -156,10 +155,10 @@ class GemvSimt:
             r = r_first + cfg.r_lanes * i
             for q in cutlass.range_constexpr(4):
                 row = cutlass.min(slab * 128 + q * 32 + r, m - 1)
-                self.load_streaming(cute.local_tile(a_words[row, None, bidl], (PIECE_WORDS,), (piece,)), rA[None, q, i])
+                self.load_once(cute.local_tile(a_words[row, None, bidl], (PIECE_WORDS,), (piece,)), rA[None, q, i])
             if const_expr(self.sf_padded):
                 # (q, jj) of one r: 16 contiguous bytes of the permuted buffer, one 128-bit load.
-                self.load_streaming(sfa[((r, None, slab), (None, grp), bidl)], rS[None, None, i])
+                self.load_once(sfa[((r, None, slab), (None, grp), bidl)], rS[None, None, i])
             else:
                 for q in cutlass.range_constexpr(4):
                     row = cutlass.min(slab * 128 + q * 32 + r, m - 1)
@@ -223,24 +222,21 @@ class GemvSimt:
         luts = decode.lut_registers(self.arch, lut_slots[None, lane])
         acc = cute.make_rmem_tensor(cute.make_layout((self.rr, 4)), Float32)
         acc.fill(0.0)
-        # Software pipeline: the loads of step st + 1 are issued before the math of step st, so each thread keeps
-        # one whole step (4·rows_per_thread rows × 16 B of A, their scales, b) in flight while it computes.
+        # The loop is unrolled so that ptxas can issue the next step's loads before this step's math. Measured on
+        # the H200 (2026-11-29): an explicit register double buffer (95 registers, 31% occupancy) and a 3-5 stage
+        # per-thread cp.async ring in shared memory (smem-limited to 20 warps/SM) were both 10-25% slower.
         piece_stride = self.warps * cfg.c_lanes
-        piece = warp * cfg.c_lanes + c
-        cur = self.make_buffers()
-        nxt = self.make_buffers()
-        if n_full > 0:
-            self.load_piece(cur, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl)
-        for st in cutlass.range(n_full, unroll=1):
-            if st + 1 < n_full:
-                self.load_piece(nxt, a_words, b_words, sfa, sfb, piece + piece_stride, slab, r_first, m, bidl)
-            self.compute_piece(cur, acc, piece, luts)
-            for t in cutlass.range_constexpr(4):
-                cur[t].store(nxt[t].load())
-            piece = piece + piece_stride
-        if piece < n_pieces:  # the last, partial step: lanes past K idle
-            self.load_piece(cur, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl)
-            self.compute_piece(cur, acc, piece, luts)
+        piece0 = warp * cfg.c_lanes + c
+        for st in cutlass.range(n_full, unroll=cfg.unroll):
+            piece = piece0 + st * piece_stride
+            bufs = self.make_buffers()
+            self.load_piece(bufs, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl)
+            self.compute_piece(bufs, acc, piece, luts)
+        tail = piece0 + n_full * piece_stride
+        if tail < n_pieces:  # the last, partial step: lanes past K idle
+            bufs = self.make_buffers()
+            self.load_piece(bufs, a_words, b_words, sfa, sfb, tail, slab, r_first, m, bidl)
+            self.compute_piece(bufs, acc, tail, luts)
 
         # Lanes of a row (butterfly over c), then warps in order: a fixed summation tree.
         for i in cutlass.range_constexpr(self.rr):

@@ -402,6 +402,7 @@ def _cmd_bench(args) -> int:
 PTX_PATTERNS = (
     ("ld.global.v4", r"ld\.global(\.\S+)?\.v4\."),
     ("ld.global", r"ld\.global\."),
+    ("cp.async.ca/cg", r"cp\.async\.c[ag]\."),  # global -> shared, 4/8/16 B (cg: always 16 B)
     ("ld.local", r"ld\.local\."),
     ("st.local", r"st\.local\."),
     ("prmt", r"prmt\."),

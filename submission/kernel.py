@@ -26,7 +26,7 @@ def simt_config_for(m: int, k: int, l: int, arch: str = "sm_90", sf_kind: str = 
     from cute_kernels.gemv_simt import GemvSimtConfig
 
     warps = 4 if k <= 2048 else 8
-    return GemvSimtConfig(arch=arch, sf_kind=sf_kind, warps=warps, rows_per_thread=1)
+    return GemvSimtConfig(arch=arch, sf_kind=sf_kind, warps=warps, r_lanes=4, rows_per_thread=1)
 
 
 def _raw(compiled):

@@ -176,7 +176,7 @@ def test_compile_sm90a_instruction_counts(compiled_sm90):
     for name, c in counts.items():
         assert c["dp4a"] > 0 and c["prmt"] > 0, name  # the integer fp4 path
         assert c["ld.local"] == 0 and c["st.local"] == 0, name  # no spills, no local arrays
-        assert c["ld.global.v4"] > 0, name  # 128-bit loads of A
+        assert c["ld.global.v4"] + c["cp.async.ca/cg"] > 0, name  # A in 16-byte accesses (to registers or shared)
         assert c["cvt.rn.f16x2.e2m1x2"] == 0 and c["tcgen05.mma"] == 0, name  # sm_100a-only instructions
         # The counter agrees with a plain text count of the PTX.
         ptx = (out / f"{name}.ptx").read_text()
@@ -197,10 +197,13 @@ def test_instruction_counts_on_a_ptx_snippet():
         prmt.b32 %r12, %r1, %r2, %r3;
         tcgen05.mma.cta_group::1.kind::mxf4nvf4.block_scale.block16 [%r1], %rd1, %rd2, %r2, [%r3], [%r4], p;
         atom.global.acq_rel.add.u32 %r13, [%rd5], 1;
+        cp.async.cg.shared.global [%r10+13568], [%rd22], 16, 16;
+        cp.async.commit_group;
     """
     c = cli.instruction_counts(ptx)
     assert (c["ld.global.v4"], c["ld.global"], c["ld.local"], c["st.local"]) == (2, 3, 1, 1)
     assert (c["dp4a"], c["prmt"], c["tcgen05.mma"], c["atom/red"], c["fma.rn.f32"]) == (1, 1, 1, 1, 0)
+    assert c["cp.async.ca/cg"] == 1
 
 
 # ---- bench without a GPU ---------------------------------------------------------------------------------------
