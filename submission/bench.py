@@ -259,3 +259,33 @@ def sweep_simt_configs(shapes, configs, log=print):
         del pool
         torch.cuda.empty_cache()
     return out
+
+
+def host_cost_table(log=print):
+    """Per-call wall µs on a tiny shape (128, 256, 1), issued back to back: custom_kernel, the raw compiled
+    function, the torch op, and torch's own smallest launch (c.zero_()) as the machine's floor for any launch;
+    plus the same kernel replayed from a CUDA graph (GPU time per call without host cost)."""
+    from submission.kernel import _KERNELS, custom_kernel
+    from submission.reference import generate_input
+
+    d = generate_input(128, 256, 1, seed=0, device="cuda")
+    a, b, _, _, sfa_p, sfb_p, c = d
+    custom_kernel(d)
+    raw = _KERNELS[(a.shape, sfa_p.shape, "permuted")]
+    rows = {
+        "custom_kernel": host_cost_us(custom_kernel, d),
+        "compiled function, raw TVM-FFI call": host_cost_us(lambda _d: raw(a, b, sfa_p, sfb_p, c), d),
+        "torch c.zero_() (reference launch)": host_cost_us(lambda _d: c.zero_(), d),
+        "CUDA-graph replay, per call": graph_time_us(custom_kernel, [d] * 50),
+    }
+    try:
+        from submission.op import nvfp4_gemv
+
+        rows["torch op nvfp4_gemv (eager)"] = host_cost_us(lambda _d: nvfp4_gemv(a, b, sfa_p, sfb_p, c), d)
+        op = torch.ops.nvfp4_gemv.gemv
+        rows["torch.ops.nvfp4_gemv.gemv (dispatcher)"] = host_cost_us(lambda _d: op(a, b, sfa_p, sfb_p, c), d)
+    except Exception as e:  # noqa: BLE001
+        log(f"torch op unavailable: {type(e).__name__}: {e}")
+    for name, us in rows.items():
+        log(f"{name:<42} {us:7.2f} us/call")
+    return rows

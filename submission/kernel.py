@@ -21,12 +21,24 @@ SM100_VARIANTS = ("tc", "simt")
 _DEFAULT_SM100 = "tc"
 
 
+# (largest K, warps, r_lanes, unroll): the fastest graph-timed configs on the H200 (2026-11-29, BENCHMARKS.md) for
+# the three benchmark shapes, K = 2048, 7168, 16384; warps × r_lanes small enough that M·L / (4·r_lanes) CTAs
+# fill 132 SMs several times over.
+SIMT_TABLE = (
+    (2048, 4, 8, 4),
+    (8192, 2, 2, 2),
+    (None, 4, 2, 4),
+)
+
+
 def simt_config_for(m: int, k: int, l: int, arch: str = "sm_90", sf_kind: str = "permuted"):  # noqa: E741
-    """The CUDA-core kernel's config for a shape: a small table, measured on the H200 (see BENCHMARKS.md)."""
+    """The CUDA-core kernel's config for a shape: the first row of SIMT_TABLE whose K bound holds."""
     from cute_kernels.gemv_simt import GemvSimtConfig
 
-    warps = 4 if k <= 2048 else 8
-    return GemvSimtConfig(arch=arch, sf_kind=sf_kind, warps=warps, r_lanes=4, rows_per_thread=1)
+    for k_max, warps, r_lanes, unroll in SIMT_TABLE:
+        if k_max is None or k <= k_max:
+            return GemvSimtConfig(arch=arch, sf_kind=sf_kind, warps=warps, r_lanes=r_lanes, unroll=unroll)
+    raise AssertionError("SIMT_TABLE ends with a catch-all row")
 
 
 def _raw(compiled):
@@ -52,7 +64,8 @@ def select_kernel(capability: tuple[int, int], m: int, k: int, l: int, sf_kind: 
             return _raw(gemv_simt.compile(simt_config_for(m, k, l, "sm_100", sf_kind)))
         from cute_kernels import gemv_tc_sm100
 
-        return _raw(gemv_tc_sm100.compile(gemv_tc_sm100.config_for(m, k, l)))
+        # Sizes its split-K workspace per call: a Python wrapper around one launch (never run; no B200 here).
+        return gemv_tc_sm100.gemv_tc_sm100
     raise RuntimeError(
         f"nvfp4-gemv has kernels for compute capability 9.0 (Hopper) and 10.x (Blackwell); this device is "
         f"{major}.{capability[1]}"
@@ -71,27 +84,31 @@ def _capability(device: torch.device) -> tuple[int, int]:
     return cap
 
 
-def _signature(data, sf_kind: str) -> tuple:
-    a, b, sfa, sfb, sfa_p, sfb_p, c = data
-    return (a.shape, a.stride(), b.stride(), sfa_p.shape, sfa.stride(), c.stride(), a.device, sf_kind)
-
-
 def custom_kernel(data, sf_kind: str = "permuted"):
     """Fill and return c for the contest tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c).
 
     sf_kind="permuted" reads sfa_permuted/sfb_permuted (the contest's layout); "plain" reads sfa/sfb instead.
+
+    The whole tuple is validated the first time a shape signature is seen. After that a call checks the base
+    pointers' alignment, and the compiled function itself checks the dtype, rank, device and the static and shared
+    extents and strides of the five operands it reads; if it refuses them, the tuple is validated again so that
+    the error is a ValueError naming the tensor.
     """
     a, b, sfa, sfb, sfa_p, sfb_p, c = data
-    key = _signature(data, sf_kind)
-    fn = _KERNELS.get(key)
-    if fn is None:
-        m, k, l = validate_inputs(data, require_cuda=True)  # noqa: E741
-        fn = _KERNELS[key] = select_kernel(_capability(a.device), m, k, l, sf_kind)
     if sf_kind == "permuted":
         sa, sb = sfa_p, sfb_p
     else:
         sa, sb = sfa, sfb
+    key = (a.shape, sa.shape, sf_kind)
+    fn = _KERNELS.get(key)
+    if fn is None:
+        m, k, l = validate_inputs(data, require_cuda=True)  # noqa: E741
+        fn = _KERNELS[key] = select_kernel(_capability(a.device), m, k, l, sf_kind)
     if (a.data_ptr() | b.data_ptr() | sa.data_ptr() | sb.data_ptr() | c.data_ptr()) % PTR_ALIGN:
         validate_inputs(data, require_cuda=True)  # raises, naming the misaligned tensor
-    fn(a, b, sa, sb, c)
+    try:
+        fn(a, b, sa, sb, c)
+    except Exception:
+        validate_inputs(data, require_cuda=True)  # a ValueError naming the tensor, if the tuple is at fault
+        raise
     return c

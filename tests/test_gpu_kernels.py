@@ -85,12 +85,39 @@ def test_bit_identical_across_100_runs(m, k, l):
     assert torch.equal(data[-1].view(torch.int16), first.view(torch.int16))
 
 
-def test_bad_input_is_refused_before_launch():
-    data = list(generate_input(128, 256, 1, seed=0, device="cuda"))
-    data[2] = data[2].view(torch.uint8)
-    with pytest.raises(ValueError, match="sfa"):
-        custom_kernel(tuple(data))
-    data = list(generate_input(128, 256, 1, seed=0, device="cuda"))
-    data[6] = data[6].cpu()
-    with pytest.raises(ValueError, match="c"):
-        custom_kernel(tuple(data))
+def _tuple_with(data, index, tensor):
+    data = list(data)
+    data[index] = tensor
+    return tuple(data)
+
+
+def test_bad_input_on_first_call_names_the_tensor():
+    # A shape no other test uses, so this is the first call for its signature: the whole tuple is validated.
+    data = generate_input(384, 320, 3, seed=0, device="cuda")
+    with pytest.raises(ValueError, match="^sfa:"):
+        custom_kernel(_tuple_with(data, 2, data[2].view(torch.uint8)))
+
+
+@pytest.mark.parametrize(
+    "index,make,name",
+    [
+        (4, lambda t: t.view(torch.uint8), "sfa_permuted"),  # wrong dtype of an operand the kernel reads
+        (6, lambda t: t.cpu(), "c"),  # wrong device
+        (0, lambda t: t[:, :64, :], "a"),  # a K that b, the scales and the strides disagree with
+    ],
+)
+def test_bad_operand_after_a_good_call_names_the_tensor(index, make, name):
+    data = generate_input(128, 256, 1, seed=0, device="cuda")
+    custom_kernel(data)
+    with pytest.raises(ValueError, match=f"^{name}:"):
+        custom_kernel(_tuple_with(data, index, make(data[index])))
+
+
+def test_misaligned_operand_is_refused_after_a_good_call():
+    data = generate_input(128, 256, 1, seed=0, device="cuda")
+    custom_kernel(data)
+    a = data[0]
+    raw = torch.empty(a.numel() + 8, dtype=torch.uint8, device="cuda")
+    shifted = raw[8 : 8 + a.numel()].view(a.shape).view(a.dtype)
+    with pytest.raises(ValueError, match="^a:"):
+        custom_kernel(_tuple_with(data, 0, shifted))

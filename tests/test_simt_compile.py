@@ -1,0 +1,85 @@
+"""The CUDA-core kernel compiled on the CPU: PTX properties for sm_90a (the H200 build) and the sm_100a variant.
+
+The DSL assembles the PTX with its own ptxas for the target, so a successful sm_90a compile also proves that the
+kernel uses no instruction sm_90 lacks; the asserts below pin what the design depends on."""
+
+import re
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+PTX_ENV = {"CUTE_DSL_KEEP": "ptx"}
+
+
+@pytest.fixture(scope="module")
+def ptx_of(tmp_path_factory):
+    """PTX text of a compiled config, compiled in a child process (CUTE_DSL_KEEP must be set before import)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    dump = tmp_path_factory.mktemp("dump")
+    cache = {}
+
+    def get(arch, gpu_arch, sf_kind="permuted", **kw):
+        key = (arch, gpu_arch, sf_kind, tuple(sorted(kw.items())))
+        if key not in cache:
+            code = (
+                "import json, sys\n"
+                "from cute_kernels import gemv_simt as g\n"
+                f"cfg = g.GemvSimtConfig(arch={arch!r}, sf_kind={sf_kind!r}, **json.loads({json.dumps(json.dumps(kw))}))\n"
+                f"sys.stdout.write(g.compile(cfg, {gpu_arch!r}).__ptx__)\n"
+            )
+            env = dict(os.environ, CUTE_DSL_DUMP_DIR=str(dump), **PTX_ENV)
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+            assert out.returncode == 0, out.stderr[-3000:]
+            cache[key] = out.stdout
+        return cache[key]
+
+    return get
+
+
+def _count(ptx, pattern):
+    return len(re.findall(pattern, ptx))
+
+
+@pytest.mark.parametrize("sf_kind", ["permuted", "plain"])
+def test_sm90a_ptx(ptx_of, sf_kind):
+    ptx = ptx_of("sm_90", "sm_90a", sf_kind)
+    assert ".target sm_90a" in ptx
+    # A arrives in 16-byte vector loads that skip L1 allocation; no scalar or narrower loads of A.
+    assert _count(ptx, r"ld\.global\.L1::no_allocate\.v4\.b32") >= 4
+    assert _count(ptx, r"ld\.local|st\.local") == 0
+    assert _count(ptx, r"dp4a\.s32\.s32") > 0 and _count(ptx, r"prmt\.b32") > 0
+    assert _count(ptx, r"cvt\.rn\.f16x2\.e4m3x2") > 0  # sm_89+ scale decode
+    for sm100_only in (r"e2m1x2", r"tcgen05", r"cp\.async\.bulk", r"\.f16x2\.e2m1"):
+        assert _count(ptx, sm100_only) == 0, sm100_only
+    # No float atomics: the reduction order is fixed.
+    assert _count(ptx, r"\b(atom|red)\.") == 0
+    if sf_kind == "permuted":
+        # The (q, jj) scale run of one r is one 16-byte load too.
+        assert _count(ptx, r"ld\.global\.L1::no_allocate\.v4\.b32") >= 5
+
+
+def test_sm100a_cuda_core_variant_uses_the_hardware_fp4_decode(ptx_of):
+    ptx = ptx_of("sm_100", "sm_100a")
+    assert ".target sm_100a" in ptx
+    assert _count(ptx, r"cvt\.rn\.f16x2\.e2m1x2") > 0
+    assert _count(ptx, r"fma\.rn\.f16x2") > 0
+    assert _count(ptx, r"dp4a|prmt") == 0
+    assert _count(ptx, r"ld\.local|st\.local") == 0
+
+
+def test_one_compile_serves_every_shape():
+    from cute_kernels import gemv_simt as g
+    from submission.kernel import simt_config_for
+    from submission.shapes import BENCH_SHAPES, ODD_SHAPES, TEST_SHAPES
+
+    shapes = list(TEST_SHAPES) + [s.mkl for s in BENCH_SHAPES] + list(ODD_SHAPES)
+    configs = {simt_config_for(*s) for s in shapes}
+    # The config depends on K only through a 3-row table; M and L are dynamic in every compiled kernel.
+    assert len(configs) <= 3
+    assert all(g.GemvSimt.can_implement(*s) for s in shapes)
+    assert not g.GemvSimt.can_implement(128, 96, 1) and not g.GemvSimt.can_implement(0, 256, 1)
