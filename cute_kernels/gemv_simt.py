@@ -84,15 +84,15 @@ class GemvSimt:
         return m >= 1 and l >= 1 and k >= 64 and k % 64 == 0 and m * k // 2 * l < 2**31
 
     @cute.jit
-    def __call__(
-        self,
-        mA: cute.Tensor,
-        mB: cute.Tensor,
-        mSFA: cute.Tensor,
-        mSFB: cute.Tensor,
-        mC: cute.Tensor,
-        stream,
-    ):
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSFA: cute.Tensor, mSFB: cute.Tensor, mC: cute.Tensor):
+        """Launch on the default CUDA queue, which is where the contest runs (cute_kernels.torch_queue launches on
+        torch's current one, for side queues and graph capture)."""
+        launcher, shape = self.build(mA, mB, mSFA, mSFB, mC)
+        launcher.launch(**shape)
+
+    @cute.jit
+    def build(self, mA, mB, mSFA, mSFB, mC):
+        """Trace-time views and grid shared by every launch path: (kernel call, launch keywords)."""
         m, k, l = mA.shape
         kw = k // 8
         # Packed fp4 as 32-bit words (8 codes a word, the lowest nibble first), with the tensors' own row and batch
@@ -113,11 +113,8 @@ class GemvSimt:
         )
         c_ml = cute.make_tensor(mC.iterator, cute.make_layout((m, l), stride=(1, mC.stride[2])))
         n_slabs = (m + 127) // 128
-        self.kernel(a_words, b_words, sfa, sfb, c_ml, m, k).launch(
-            grid=[n_slabs * self.cfg.ctas_per_slab, l, 1],
-            block=[32 * self.warps, 1, 1],
-            stream=stream,
-        )
+        shape = dict(grid=[n_slabs * self.cfg.ctas_per_slab, l, 1], block=[32 * self.warps, 1, 1])
+        return self.kernel(a_words, b_words, sfa, sfb, c_ml, m, k), shape
 
     @cute.jit
     def load_once(self, src: cute.Tensor, dst: cute.Tensor):
@@ -259,14 +256,13 @@ class GemvSimt:
                 c_ml[row, bidl] = s.to(Float16)
 
 
-def _fake_inputs(sf_kind: str):
+def fake_operands(sf_kind: str):
     """Fake tensors with dynamic M, K, L and the contest's strides, for one compile that serves every shape."""
     from cutlass.cute.runtime import make_fake_tensor
 
     m = cute.sym_int()
     k = cute.sym_int(divisibility=64)
     l = cute.sym_int()
-    kb = cute.sym_int(divisibility=32)  # K/2 bytes
     fp4 = cutlass.Float4E2M1FN
     a = make_fake_tensor(fp4, (m, k, l), stride=(k, 1, cute.sym_int(divisibility=64)), assumed_align=16)
     b = make_fake_tensor(fp4, (128, k, l), stride=(k, 1, cute.sym_int(divisibility=64)), assumed_align=16)
@@ -289,18 +285,16 @@ def _fake_inputs(sf_kind: str):
         kc = cute.sym_int(divisibility=4)
         sfa = make_fake_tensor(e4m3, (m, kc, l), stride=(kc, 1, cute.sym_int(divisibility=4)), assumed_align=16)
         sfb = make_fake_tensor(e4m3, (128, kc, l), stride=(kc, 1, cute.sym_int(divisibility=4)), assumed_align=16)
-    del kb
     c = make_fake_tensor(Float16, (m, 1, l), stride=(1, 1, m), assumed_align=16)
     return a, b, sfa, sfb, c
 
 
+def compile_options(gpu_arch: str = "") -> str:
+    return "--enable-tvm-ffi" + (f" --gpu-arch {gpu_arch}" if gpu_arch else "")
+
+
 @lru_cache(maxsize=None)
 def compile(config: GemvSimtConfig, gpu_arch: str = ""):
-    """Compile once per config on fake tensors; the result takes torch tensors (TVM-FFI) on the current stream."""
-    from cutlass.cute.runtime import make_fake_stream
-
-    a, b, sfa, sfb, c = _fake_inputs(config.sf_kind)
-    opts = "--enable-tvm-ffi" + (f" --gpu-arch {gpu_arch}" if gpu_arch else "")
-    return cute.compile(
-        GemvSimt(config), a, b, sfa, sfb, c, make_fake_stream(use_tvm_ffi_env_stream=True), options=opts
-    )
+    """Compile once per config on fake tensors (dynamic M, K, L); the result takes torch tensors through TVM-FFI
+    (a, b, scales of A, scales of b, c) and launches on the default CUDA queue. gpu_arch "" means this GPU."""
+    return cute.compile(GemvSimt(config), *fake_operands(config.sf_kind), options=compile_options(gpu_arch))

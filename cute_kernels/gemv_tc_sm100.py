@@ -8,7 +8,7 @@ Design: one tcgen05 `kind::mxf4nvf4` MMA of 128 x N=8 x 64 per K block (N=8 is t
 CtaGroup.ONE; column 0 of the accumulator is the GEMV, columns 1..7 are b's rows 1..7 and are discarded).
 Warp roles: warp 5 issues TMA into a `stages`-deep shared ring, warp 4 issues tcgen05.cp + MMA into a
 double-buffered fp32 TMEM accumulator, warps 0-3 read it back (tcgen05.ld 32x32b, one row a thread).
-The grid is one CTA per SM under the deterministic stream-K schedule of `tile_scheduler`: a tile split over
+The grid is one CTA per SM under the deterministic K-balanced schedule of `tile_scheduler`: a tile split over
 several CTAs is finished by the last CTA to arrive (integer arrival counter), which sums the fp32 partials in
 CTA order. No float atomics: results are bit-identical run to run.
 
@@ -17,10 +17,10 @@ Shapes: any M >= 1 (TMA zero-fills rows past M; stores are predicated), any K th
 
 PREDICTION for a B200 (148 SMs, ~8 TB/s), not a measurement (no B200 was available; nothing here has run):
     (M, K, L)          K tiles/CTA   bytes     SOL      predicted
-    (7168, 16384, 1)   24.2          66.1 MB   8.62 us  ~10-11 us: A+SFA stream at ~85% of HBM peak
+    (7168, 16384, 1)   24.2          66.1 MB   8.62 us  ~10-11 us: A+SFA flow at ~85% of HBM peak
     (4096, 7168, 8)    48.4         132.2 MB  17.28 us  ~20 us
     (7168, 2048, 4)    12.1          33.1 MB   4.32 us  ~6-7 us: launch + pipeline fill dominate
-Stream-K balances every shape to within one 256-wide K tile per SM. A fixed split would not: shape 1 as
+The schedule balances every shape to within one 256-wide K tile per SM. A fixed split would not: shape 1 as
 2 splits x 56 tiles leaves 36 of 148 SMs idle, and shape 2's 256 whole tiles put 2 on 108 SMs (16% over the
 balanced 48.4 K tiles). The extra arguments of the compiled function are its workspace: fp32 partials
 (num_ctas x 2 x 128) and int32 arrival counters (one per output tile, zero between launches).
@@ -114,8 +114,14 @@ class GemvTcSm100:
         mPartial: cute.Tensor,
         mArrival: cute.Tensor,
         num_ctas: cutlass.Int32,
-        stream,
     ):
+        """Launch on the default CUDA queue (cute_kernels.torch_queue launches on torch's current one)."""
+        launcher, shape = self.build(mA, mB, mSFA, mSFB, mC, mPartial, mArrival, num_ctas)
+        launcher.launch(**shape)
+
+    @cute.jit
+    def build(self, mA, mB, mSFA, mSFB, mC, mPartial, mArrival, num_ctas):
+        """Trace-time TMA atoms, shared storage and grid shared by every launch path: (kernel call, keywords)."""
         stages = self.config.stages
         tiled_mma, tiled_mma_sfb = self._make_tiled_mmas()
         cluster_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
@@ -168,19 +174,16 @@ class GemvTcSm100:
 
         self.shared_storage = SharedStorage
 
-        self.kernel(
+        launcher = self.kernel(
             tiled_mma, tiled_mma_sfb,
             tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_sfa, tma_sfa, tma_atom_sfb, tma_sfb,
             mC, mPartial, mArrival,
             a_smem, b_smem, sfa_smem, sfb_smem,
             num_ctas,
-        ).launch(
-            grid=(num_ctas, 1, 1),
-            block=(self.threads, 1, 1),
-            cluster=(1, 1, 1),
-            smem=SharedStorage.size_in_bytes(),
-            stream=stream,
         )
+        shape = dict(grid=(num_ctas, 1, 1), block=(self.threads, 1, 1), cluster=(1, 1, 1),
+                     smem=SharedStorage.size_in_bytes())
+        return launcher, shape
 
     @cute.kernel
     def kernel(
@@ -477,13 +480,15 @@ def _compile_cached(config: GemvTcSm100Config):
     return compile_for(config)
 
 
-def compile_for(config: GemvTcSm100Config = GemvTcSm100Config(), arch: str = "sm_100a", extra_options: str = ""):
-    """Compile for dynamic M, K, L; the result takes torch tensors (TVM-FFI) on torch's current stream.
+def compile_for(config: GemvTcSm100Config = GemvTcSm100Config(), arch: str = "sm_100a", extra_options: str = "",
+                kernel_cls=None, extra_args=()):
+    """Compile for dynamic M, K, L; the result takes torch tensors (TVM-FFI) and launches on the default queue.
 
     Arguments of the compiled function: a (M, K/2, L) fp4x2, b (rows, K/2, L) fp4x2, sfa_permuted,
     sfb_permuted (CONTRACT.md), c (M, 1, L) fp16, partial fp32 (>= workspace_elems(num_ctas)),
     arrival int32 (>= M tiles * L, zero before the first call; the kernel leaves it zero), num_ctas.
-    `extra_options` is appended to the compile options (e.g. "--keep-ptx --dump-dir=DIR").
+    `extra_options` is appended to the compile options (e.g. "--keep-ptx --dump-dir=DIR"). `kernel_cls` (a
+    subclass) and `extra_args` (its extra fake arguments) let cute_kernels.torch_queue reuse this.
     """
     if not arch.startswith("sm_10"):
         raise ValueError(
@@ -492,8 +497,7 @@ def compile_for(config: GemvTcSm100Config = GemvTcSm100Config(), arch: str = "sm
     m, k, l = cute.sym_int(), cute.sym_int(divisibility=MMA_K), cute.sym_int()
     args = fake_arguments(m, k, l, rows_b=cute.sym_int(), rest_m=cute.sym_int(), rest_k=cute.sym_int())
     return cute.compile(
-        GemvTcSm100(config), *args, cutlass.Int32(SM100_NUM_SMS),
-        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+        (kernel_cls or GemvTcSm100)(config), *args, cutlass.Int32(SM100_NUM_SMS), *extra_args,
         options=f"--enable-tvm-ffi --gpu-arch {arch} {extra_options}".strip(),
     )
 
@@ -550,11 +554,12 @@ def _device_state(device_index: int):
     return num_sms, _Workspace()
 
 
-def gemv_tc_sm100(a, b, sfa_permuted, sfb_permuted, c, config: GemvTcSm100Config = GemvTcSm100Config()):
+def gemv_tc_sm100(a, b, sfa_permuted, sfb_permuted, c, config: GemvTcSm100Config = GemvTcSm100Config(),
+                  launcher=None):
     """c[:, 0, l] = A[:, :, l] @ b[0, :, l] with NVFP4 block scales (CONTRACT.md inputs); returns c.
 
-    One launch. Calls that run concurrently on different streams of one device share the workspace and
-    must not overlap.
+    One launch, of `launcher` (a raw compiled function; default: this module's, on the default CUDA queue).
+    Concurrent calls on one device share the workspace and must not overlap.
     """
     m, k2, l = a.shape
     k = 2 * k2
@@ -563,7 +568,7 @@ def gemv_tc_sm100(a, b, sfa_permuted, sfb_permuted, c, config: GemvTcSm100Config
     num_sms, workspace = _device_state(a.device.index if a.device.index is not None else 0)
     num_ctas = ts.choose_num_ctas(m, k, l, num_sms, config.tile_k)
     partial, arrival = workspace.get(a.device, num_ctas, ts.num_output_tiles(m, l))
-    _launcher(config)(a, b, sfa_permuted, sfb_permuted, c, partial, arrival, num_ctas)
+    (launcher or _launcher(config))(a, b, sfa_permuted, sfb_permuted, c, partial, arrival, num_ctas)
     return c
 
 

@@ -1,8 +1,8 @@
-"""Deterministic stream-K schedule for the batched GEMV: (M tiles x L) output tiles, each K-split over CTAs.
+"""Deterministic K-balanced split schedule for the batched GEMV: (M tiles x L) output tiles, each K-split over CTAs.
 
 The work is the list of (output tile, K tile) pairs, output tile t = l * m_tiles + m_tile, K fastest:
 w = t * k_tiles + k. CTA g of G owns the contiguous run [floor(g*W/G), floor((g+1)*W/G)) of W = tiles * k_tiles,
-so every CTA streams the same number of K tiles (to within one) whatever the shape. A run cut by tile borders
+so every CTA reads the same number of K tiles (to within one) whatever the shape. A run cut by tile borders
 gives segments; a tile covered by more than one CTA is finished by the last CTA to arrive, which adds the fp32
 partials in CTA order (a fixed order, so results are bit-identical run to run; no float atomics).
 

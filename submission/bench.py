@@ -239,15 +239,15 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
 
 def sweep_simt_configs(shapes, configs, log=print):
     """Graph-timed µs of the CUDA-core kernel for each config on each shape (kernel time only, L2 defeated by the
-    rotated pool); returns {(shape, config): µs}. Used to fill the config table in submission.kernel."""
-    from cute_kernels import gemv_simt
+    rotated pool); returns {(shape, config): µs}. Used to fill the config table in submission.dispatch."""
+    from cute_kernels import torch_queue
     from submission.reference import generate_input
 
     out = {}
     for m, k, l in shapes:  # noqa: E741
         pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
         for cfg in configs:
-            fn = gemv_simt.compile(cfg).__tvm_ffi_object__()
+            fn = torch_queue.compile_simt(cfg).__tvm_ffi_object__()
 
             def call(d, fn=fn):
                 fn(d[0], d[1], d[4], d[5], d[6])
@@ -265,13 +265,13 @@ def host_cost_table(log=print):
     """Per-call wall µs on a tiny shape (128, 256, 1), issued back to back: custom_kernel, the raw compiled
     function, the torch op, and torch's own smallest launch (c.zero_()) as the machine's floor for any launch;
     plus the same kernel replayed from a CUDA graph (GPU time per call without host cost)."""
-    from submission.kernel import _KERNELS, custom_kernel
+    from submission.kernel import DISPATCH, custom_kernel
     from submission.reference import generate_input
 
     d = generate_input(128, 256, 1, seed=0, device="cuda")
     a, b, _, _, sfa_p, sfb_p, c = d
     custom_kernel(d)
-    raw = _KERNELS[(a.shape, sfa_p.shape, "permuted")]
+    raw = DISPATCH.kernels[(a.shape, sfa_p.shape, "permuted")]
     rows = {
         "custom_kernel": host_cost_us(custom_kernel, d),
         "compiled function, raw TVM-FFI call": host_cost_us(lambda _d: raw(a, b, sfa_p, sfb_p, c), d),

@@ -1,6 +1,6 @@
 """Writes the single-file GPU MODE submission: `custom_kernel(data) -> c` with no dependency on this project.
 
-The file embeds the source text of every project module that `submission.kernel` needs (found by walking its
+The file embeds the source text of every project module that `submission.contest` needs (found by walking its
 imports, function-level ones included), verbatim apart from the project imports, which `ast` locates and which
 are redirected to a private package, `_nvfp4_gemv_bundle`. At import the file installs a meta-path finder that
 serves those modules from memory, each as its own module object (so names such as `compile` never clash), with a
@@ -17,7 +17,7 @@ from pathlib import Path
 
 DSL_VERSION = "4.8.1"  # the nvidia-cutlass-dsl version the generated file was built and tested with
 BUNDLE_PACKAGE = "_nvfp4_gemv_bundle"
-ENTRY_MODULE = "submission.kernel"
+ENTRY_MODULE = "submission.contest"  # the dispatcher on the default CUDA queue: no torch-stream code
 PROJECT_PACKAGES = ("cute_kernels", "layouts", "submission")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -316,10 +316,10 @@ def compile_for_arch(gpu_arch, variant="simt", m=7168, k=16384, l=1):  # noqa: E
     sm_90a takes variant "simt" (the CUDA-core kernel); sm_100a takes "simt" (hardware fp4 decode) or "tc"
     (tcgen05 block-scaled MMAs). The CUDA-core config is the one custom_kernel would pick for (m, k, l).
     """
-    kernel = embedded("{entry}")
+    dispatch = embedded("submission.dispatch")
     family = "sm_90" if gpu_arch.startswith("sm_90") else "sm_100"
     if variant == "simt":
-        return embedded("cute_kernels.gemv_simt").compile(kernel.simt_config_for(m, k, l, family), gpu_arch)
+        return embedded("cute_kernels.gemv_simt").compile(dispatch.simt_config_for(m, k, l, family), gpu_arch)
     if variant == "tc" and family == "sm_100":
         return embedded("cute_kernels.gemv_tc_sm100").compile_for(arch=gpu_arch)
     raise ValueError(f"no {{variant!r}} kernel for {{gpu_arch}}: sm_90a has 'simt', sm_100a has 'simt' and 'tc'")

@@ -1,114 +1,17 @@
-"""`custom_kernel(data) -> c`: the contest entry point, with input validation, arch dispatch and a cheap hot path.
+"""`custom_kernel(data) -> c`: the library's entry point, launching on torch's current CUDA stream.
 
-The first call with a new shape signature validates the whole tuple (submission.validate) and picks and compiles a
-kernel for the device's compute capability; later calls with that signature only check the base-pointer alignment
-and make one launch through the compiled TVM-FFI function. Nothing is allocated per call.
-
-Dispatch: sm_90 (H200/H100) -> the CUDA-core kernel with the prmt/dp4a decode; sm_100 family (B200/GB200) -> the
-tcgen05 block-scaled tensor-core kernel by default, or the CUDA-core kernel with the hardware fp4 decode
-(`NVFP4_GEMV_SM100=simt` or `sm100_variant="simt"`). Any other device is refused with a clear error.
+It is `submission.dispatch.Dispatcher` bound to `cute_kernels.torch_queue`'s compiles, so calls order with torch
+work on any stream and can be captured into CUDA graphs. `submission.contest` is the same dispatcher on the default
+stream, for the single-file GPU MODE submission.
 """
 
 from __future__ import annotations
 
-import os
+from cute_kernels import torch_queue
+from submission.dispatch import SIMT_TABLE, SM100_VARIANTS, Dispatcher, Launchers, simt_config_for
 
-import torch
+__all__ = ["custom_kernel", "select_kernel", "simt_config_for", "SIMT_TABLE", "SM100_VARIANTS", "DISPATCH"]
 
-from submission.validate import PTR_ALIGN, validate_inputs
-
-SM100_VARIANTS = ("tc", "simt")
-_DEFAULT_SM100 = "tc"
-
-
-# (largest K, warps, r_lanes, unroll): the fastest graph-timed configs on the H200 (2026-11-29, BENCHMARKS.md) for
-# the three benchmark shapes, K = 2048, 7168, 16384; warps × r_lanes small enough that M·L / (4·r_lanes) CTAs
-# fill 132 SMs several times over.
-SIMT_TABLE = (
-    (2048, 4, 8, 4),
-    (8192, 2, 2, 2),
-    (None, 4, 2, 4),
-)
-
-
-def simt_config_for(m: int, k: int, l: int, arch: str = "sm_90", sf_kind: str = "permuted"):  # noqa: E741
-    """The CUDA-core kernel's config for a shape: the first row of SIMT_TABLE whose K bound holds."""
-    from cute_kernels.gemv_simt import GemvSimtConfig
-
-    for k_max, warps, r_lanes, unroll in SIMT_TABLE:
-        if k_max is None or k <= k_max:
-            return GemvSimtConfig(arch=arch, sf_kind=sf_kind, warps=warps, r_lanes=r_lanes, unroll=unroll)
-    raise AssertionError("SIMT_TABLE ends with a catch-all row")
-
-
-def _raw(compiled):
-    # The TVM-FFI function without the DSL's Python kwargs shim (a few µs per call saved).
-    return compiled.__tvm_ffi_object__()
-
-
-def select_kernel(capability: tuple[int, int], m: int, k: int, l: int, sf_kind: str = "permuted",  # noqa: E741
-                  sm100_variant: str | None = None):
-    """The compiled kernel for this device and shape: a callable (a, b, sf_a, sf_b, c)."""
-    major = capability[0]
-    if major == 9:
-        from cute_kernels import gemv_simt
-
-        return _raw(gemv_simt.compile(simt_config_for(m, k, l, "sm_90", sf_kind)))
-    if major == 10:
-        variant = sm100_variant or os.environ.get("NVFP4_GEMV_SM100", _DEFAULT_SM100)
-        if variant not in SM100_VARIANTS:
-            raise ValueError(f"sm100_variant: expected one of {SM100_VARIANTS}, got {variant!r}")
-        if variant == "simt" or sf_kind != "permuted":
-            from cute_kernels import gemv_simt
-
-            return _raw(gemv_simt.compile(simt_config_for(m, k, l, "sm_100", sf_kind)))
-        from cute_kernels import gemv_tc_sm100
-
-        # Sizes its split-K workspace per call: a Python wrapper around one launch (never run; no B200 here).
-        return gemv_tc_sm100.gemv_tc_sm100
-    raise RuntimeError(
-        f"nvfp4-gemv has kernels for compute capability 9.0 (Hopper) and 10.x (Blackwell); this device is "
-        f"{major}.{capability[1]}"
-    )
-
-
-_CAPABILITY: dict[int, tuple[int, int]] = {}
-_KERNELS: dict[tuple, object] = {}
-
-
-def _capability(device: torch.device) -> tuple[int, int]:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    cap = _CAPABILITY.get(idx)
-    if cap is None:
-        cap = _CAPABILITY[idx] = torch.cuda.get_device_capability(idx)
-    return cap
-
-
-def custom_kernel(data, sf_kind: str = "permuted"):
-    """Fill and return c for the contest tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c).
-
-    sf_kind="permuted" reads sfa_permuted/sfb_permuted (the contest's layout); "plain" reads sfa/sfb instead.
-
-    The whole tuple is validated the first time a shape signature is seen. After that a call checks the base
-    pointers' alignment, and the compiled function itself checks the dtype, rank, device and the static and shared
-    extents and strides of the five operands it reads; if it refuses them, the tuple is validated again so that
-    the error is a ValueError naming the tensor.
-    """
-    a, b, sfa, sfb, sfa_p, sfb_p, c = data
-    if sf_kind == "permuted":
-        sa, sb = sfa_p, sfb_p
-    else:
-        sa, sb = sfa, sfb
-    key = (a.shape, sa.shape, sf_kind)
-    fn = _KERNELS.get(key)
-    if fn is None:
-        m, k, l = validate_inputs(data, require_cuda=True)  # noqa: E741
-        fn = _KERNELS[key] = select_kernel(_capability(a.device), m, k, l, sf_kind)
-    if (a.data_ptr() | b.data_ptr() | sa.data_ptr() | sb.data_ptr() | c.data_ptr()) % PTR_ALIGN:
-        validate_inputs(data, require_cuda=True)  # raises, naming the misaligned tensor
-    try:
-        fn(a, b, sa, sb, c)
-    except Exception:
-        validate_inputs(data, require_cuda=True)  # a ValueError naming the tensor, if the tuple is at fault
-        raise
-    return c
+DISPATCH = Dispatcher(Launchers(simt=torch_queue.compile_simt, tc=torch_queue.gemv_tc_on_torch_stream))
+custom_kernel = DISPATCH.__call__
+select_kernel = DISPATCH.select

@@ -83,3 +83,18 @@ def test_one_compile_serves_every_shape():
     assert len(configs) <= 3
     assert all(g.GemvSimt.can_implement(*s) for s in shapes)
     assert not g.GemvSimt.can_implement(128, 96, 1) and not g.GemvSimt.can_implement(0, 256, 1)
+
+
+def test_library_and_contest_launch_paths_both_compile():
+    """The library's kernels take torch's current CUDA queue as one more TVM-FFI argument; the contest's do not."""
+    import inspect
+
+    from cute_kernels import gemv_simt, torch_queue
+    from submission.dispatch import simt_config_for
+
+    cfg = simt_config_for(7168, 2048, 4)
+    lib = inspect.signature(torch_queue.GemvSimtOnTorchStream.__call__).parameters
+    own = inspect.signature(gemv_simt.GemvSimt.__call__).parameters
+    assert list(lib)[:-1] == list(own) and len(lib) == len(own) + 1
+    assert torch_queue.compile_simt(cfg, "sm_90a") is torch_queue.compile_simt(cfg, "sm_90a")  # cached
+    assert gemv_simt.compile(cfg, "sm_90a") is not None
