@@ -94,27 +94,32 @@ class Dispatcher:
         """Fill and return c for the contest tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c).
 
         sf_kind="permuted" reads sfa_permuted/sfb_permuted (the contest's layout); "plain" reads sfa/sfb instead.
-
-        The whole tuple is validated the first time a shape signature is seen. After that a call checks the base
-        pointers' alignment, and the compiled function itself checks the dtype, rank, device and the static and
-        shared extents and strides of the five operands it reads; if it refuses them, the tuple is validated again
-        so that the error is a ValueError naming the tensor.
         """
         a, b, sfa, sfb, sfa_p, sfb_p, c = data
         if sf_kind == "permuted":
             sa, sb = sfa_p, sfb_p
         else:
             sa, sb = sfa, sfb
+        return self.run(a, b, sa, sb, c, sf_kind, lambda: validate_inputs(data, require_cuda=True))
+
+    def run(self, a, b, sa, sb, c, sf_kind: str, validate: Callable[[], tuple[int, int, int]]):
+        """One launch on the five operands the kernels read; `validate()` checks whatever tuple they came from.
+
+        It runs the first time a shape signature is seen. After that a call checks the base pointers' alignment,
+        and the compiled function itself checks the dtype, rank, device and the static and shared extents and
+        strides of the five operands; if it refuses them, `validate()` runs again, so that the error is a
+        ValueError naming the tensor.
+        """
         key = (a.shape, sa.shape, sf_kind)
         fn = self.kernels.get(key)
         if fn is None:
-            m, k, l = validate_inputs(data, require_cuda=True)  # noqa: E741
+            m, k, l = validate()  # noqa: E741
             fn = self.kernels[key] = self.select(self.capability(a.device), m, k, l, sf_kind)
         if (a.data_ptr() | b.data_ptr() | sa.data_ptr() | sb.data_ptr() | c.data_ptr()) % PTR_ALIGN:
-            validate_inputs(data, require_cuda=True)  # raises, naming the misaligned tensor
+            validate()  # raises, naming the misaligned tensor
         try:
             fn(a, b, sa, sb, c)
         except Exception:
-            validate_inputs(data, require_cuda=True)  # a ValueError naming the tensor, if the tuple is at fault
+            validate()  # a ValueError naming the tensor, if the operands are at fault
             raise
         return c

@@ -16,88 +16,27 @@ from __future__ import annotations
 
 import torch
 
-from submission.validate import B_ROWS, NAMES, PTR_ALIGN, expected_layouts, validate_problem
+from submission.validate import B_ROWS, OPERANDS, validate_operands
 
 OP_NAME = "nvfp4_gemv::gemv"
-OPERANDS = ("a", "b", "sfa_permuted", "sfb_permuted", "c")
-_CONTEST_INDEX = tuple(NAMES.index(n) for n in OPERANDS)  # where each operand sits in the contest tuple
-_DTYPES = (torch.float4_e2m1fn_x2, torch.float4_e2m1fn_x2, torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float16)
+__all__ = ["OPERANDS", "OP_NAME", "gemv", "gemv_eager", "nvfp4_gemv", "validate_operands"]
 
 
-def validate_operands(a, b, sfa_permuted, sfb_permuted, c, *, require_cuda=False, check_pointers=True):
-    """Check the op's five tensors against CONTRACT.md; return (M, K, L) or raise ValueError naming the tensor.
-
-    Reads metadata only. check_pointers=False skips the 16-byte alignment check (fake tensors have no data).
-    """
-    tensors = (a, b, sfa_permuted, sfb_permuted, c)
-    for name, t, dtype in zip(OPERANDS, tensors, _DTYPES):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != dtype:
-            raise ValueError(f"{name}: expected dtype {dtype}, got {t.dtype}")
-    if a.dim() != 3:
-        raise ValueError(f"a: expected 3 dimensions (M, K/2, L), got shape {tuple(a.shape)}")
-    m, kb, l = a.shape  # noqa: E741
-    try:
-        m, k, l = validate_problem(m, 2 * kb, l)  # noqa: E741
-    except ValueError as e:
-        raise ValueError(f"a: shape {tuple(a.shape)} gives {e}") from None
-    layouts = expected_layouts(m, k, l)
-    for name, t, idx in zip(OPERANDS, tensors, _CONTEST_INDEX):
-        shape, stride = layouts[idx]
-        if tuple(t.shape) != shape:
-            raise ValueError(
-                f"{name}: expected shape {shape} for M, K, L = {m}, {k}, {l} (from a), got {tuple(t.shape)}"
-            )
-        if any(n != 1 and s != g for n, s, g in zip(shape, stride, t.stride())):
-            raise ValueError(f"{name}: expected strides {stride}, got {t.stride()}")
-        if t.device != a.device:
-            raise ValueError(f"{name}: expected device {a.device} (the device of a), got {t.device}")
-    if require_cuda and a.device.type != "cuda":
-        raise ValueError(f"a: expected a CUDA device, got {a.device}")
-    if check_pointers and a.device.type != "meta":
-        for name, t in zip(OPERANDS, tensors):
-            if t.data_ptr() % PTR_ALIGN:
-                raise ValueError(f"{name}: expected a {PTR_ALIGN}-byte aligned data pointer, got {t.data_ptr():#x}")
-    return m, k, l
-
-
-# ---------------------------------------------------------------- eager path: one dict lookup, one launch
-
-_LAUNCHERS: dict[tuple, object] = {}
-
-
-def _signature(a, b, sfa_p, sfb_p, c) -> tuple:
-    return (a.shape, a.stride(), a.dtype, a.device, b.stride(), b.dtype, sfa_p.shape, sfa_p.stride(), sfa_p.dtype,
-            sfb_p.stride(), sfb_p.dtype, c.stride(), c.dtype)  # fmt: skip
-
-
-def _op_call(a, b, sfa_p, sfb_p, c):
-    torch.ops.nvfp4_gemv.gemv.default(a, b, sfa_p, sfb_p, c)
-
-
-def _launcher(a, b, sfa_p, sfb_p, c):
-    """The callable for this signature: validates once, then the compiled kernel (CUDA) or the op (other devices)."""
-    m, k, l = validate_operands(a, b, sfa_p, sfb_p, c)  # noqa: E741
-    if a.device.type != "cuda":
-        return _op_call
-    from submission.kernel import select_kernel
-
-    return select_kernel(torch.cuda.get_device_capability(a.device), m, k, l)
+# ---------------------------------------------------------------- eager path: the library's dispatcher
 
 
 def gemv_eager(a, b, sfa_permuted, sfb_permuted, c):
-    """Fill and return c without the dispatcher: the launch of the kernel compiled for this signature."""
-    key = _signature(a, b, sfa_permuted, sfb_permuted, c)
-    fn = _LAUNCHERS.get(key)
-    if fn is None:
-        fn = _LAUNCHERS[key] = _launcher(a, b, sfa_permuted, sfb_permuted, c)
-    if (
-        a.data_ptr() | b.data_ptr() | sfa_permuted.data_ptr() | sfb_permuted.data_ptr() | c.data_ptr()
-    ) % PTR_ALIGN or not (b.device == sfa_permuted.device == sfb_permuted.device == c.device):
-        validate_operands(a, b, sfa_permuted, sfb_permuted, c)  # raises, naming the tensor
-    fn(a, b, sfa_permuted, sfb_permuted, c)
-    return c
+    """Fill and return c without the dispatcher: CUDA tensors go straight to submission.kernel's dispatcher (one
+    dict lookup and one launch); other devices go through the op (the CPU implementation runs the reference)."""
+    if a.device.type != "cuda":
+        torch.ops.nvfp4_gemv.gemv.default(a, b, sfa_permuted, sfb_permuted, c)
+        return c
+    from submission.kernel import DISPATCH
+
+    return DISPATCH.run(
+        a, b, sfa_permuted, sfb_permuted, c, "permuted",
+        lambda: validate_operands(a, b, sfa_permuted, sfb_permuted, c, require_cuda=True),
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------- the custom op

@@ -134,17 +134,24 @@ def _assemble(a_u8, b_u8, sfa_u8, sfb_u8, device):
     return a, b, sfa, sfb, plain_to_permuted(sfa), plain_to_permuted(sfb), c
 
 
+def _draw_all(m, k, l, seed, device, byte_values, sfa_bytes, sfb_bytes):  # noqa: E741
+    """(generator, (a, b, sfa, sfb) as batch-major uint8): fp4 bytes uniform in [0, byte_values), scale bytes
+    uniform over the given tables, in one seeded order."""
+    m, k, l = validate_problem(m, k, l)  # noqa: E741
+    g = _generator(seed, device)
+    a = torch.randint(0, byte_values, (l, m, k // 2), dtype=torch.uint8, generator=g, device=device)
+    b = torch.randint(0, byte_values, (l, B_ROWS, k // 2), dtype=torch.uint8, generator=g, device=device)
+    sfa = _draw(sfa_bytes, (l, m, k // SF_VEC), g, device)
+    sfb = _draw(sfb_bytes, (l, B_ROWS, k // SF_VEC), g, device)
+    return g, (a, b, sfa, sfb)
+
+
 def generate_input(m: int, k: int, l: int, seed: int, device="cpu"):  # noqa: E741
     """The contest's data: A and b bytes uniform in {0,1,2,3}, scales uniform in the e4m3 values {0,1,2}.
 
     Deterministic for a (seed, device type); the same seed gives different data on the CPU and on a GPU.
     """
-    m, k, l = validate_problem(m, k, l)  # noqa: E741
-    g = _generator(seed, device)
-    a = torch.randint(0, 4, (l, m, k // 2), dtype=torch.uint8, generator=g, device=device)
-    b = torch.randint(0, 4, (l, B_ROWS, k // 2), dtype=torch.uint8, generator=g, device=device)
-    sfa = _draw(_CONTEST_SCALE_BYTES, (l, m, k // SF_VEC), g, device)
-    sfb = _draw(_CONTEST_SCALE_BYTES, (l, B_ROWS, k // SF_VEC), g, device)
+    g, (a, b, sfa, sfb) = _draw_all(m, k, l, seed, device, 4, _CONTEST_SCALE_BYTES, _CONTEST_SCALE_BYTES)
     return _assemble(a, b, sfa, sfb, device)
 
 
@@ -160,12 +167,7 @@ def generate_full_range(m: int, k: int, l: int, seed: int, device="cpu", nonfini
     nonfinite=True then sets 3 seeded SFA bytes to NaN (0x7F, 0xFF alternating), leaving all else as with
     nonfinite=False; each such row of c is NaN.
     """
-    m, k, l = validate_problem(m, k, l)  # noqa: E741
-    g = _generator(seed, device)
-    a = torch.randint(0, 256, (l, m, k // 2), dtype=torch.uint8, generator=g, device=device)
-    b = torch.randint(0, 256, (l, B_ROWS, k // 2), dtype=torch.uint8, generator=g, device=device)
-    sfa = _draw(_FULL_SCALE_BYTES, (l, m, k // SF_VEC), g, device)
-    sfb = _draw(_SMALL_SCALE_BYTES, (l, B_ROWS, k // SF_VEC), g, device)
+    g, (a, b, sfa, sfb) = _draw_all(m, k, l, seed, device, 256, _FULL_SCALE_BYTES, _SMALL_SCALE_BYTES)
     if nonfinite:
         pos = torch.randint(0, sfa.numel(), (_NONFINITE_COUNT,), generator=g, device=device)
         nan_bytes = torch.tensor([E4M3_NAN[i % 2] for i in range(_NONFINITE_COUNT)], dtype=torch.uint8, device=device)

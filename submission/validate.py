@@ -70,12 +70,30 @@ def validate_inputs(data, *, require_cuda: bool = False) -> tuple[int, int, int]
     if not isinstance(data, (tuple, list)) or len(data) != len(NAMES):
         got = f"{type(data).__name__} of length {len(data)}" if isinstance(data, (tuple, list)) else type(data).__name__
         raise ValueError(f"data: expected a tuple of 7 tensors {NAMES}, got {got}")
-    for name, t, dtype in zip(NAMES, data, _DTYPES):
+    return _validate(NAMES, data, require_cuda=require_cuda, check_pointers=True)
+
+
+OPERANDS = ("a", "b", "sfa_permuted", "sfb_permuted", "c")  # what the kernels read, in their argument order
+
+
+def validate_operands(a, b, sfa_permuted, sfb_permuted, c, *, require_cuda: bool = False,
+                      check_pointers: bool = True) -> tuple[int, int, int]:
+    """The same checks on the five tensors the kernels read (the torch op's arguments); return (M, K, L).
+
+    check_pointers=False skips the alignment check (fake tensors have no data)."""
+    return _validate(OPERANDS, (a, b, sfa_permuted, sfb_permuted, c), require_cuda=require_cuda,
+                     check_pointers=check_pointers)
+
+
+def _validate(names, tensors, *, require_cuda: bool, check_pointers: bool) -> tuple[int, int, int]:
+    """Check `tensors`, named by a subset of NAMES that starts with "a", against CONTRACT.md."""
+    index = [NAMES.index(n) for n in names]
+    for name, t, i in zip(names, tensors, index):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.dtype != dtype:
-            raise ValueError(f"{name}: expected dtype {dtype}, got {t.dtype}")
-    a = data[0]
+        if t.dtype != _DTYPES[i]:
+            raise ValueError(f"{name}: expected dtype {_DTYPES[i]}, got {t.dtype}")
+    a = tensors[0]
     if a.dim() != 3:
         raise ValueError(f"a: expected 3 dimensions (M, K/2, L), got shape {tuple(a.shape)}")
     m, kb, l = a.shape  # noqa: E741
@@ -85,7 +103,9 @@ def validate_inputs(data, *, require_cuda: bool = False) -> tuple[int, int, int]
     k = 2 * kb
 
     device = a.device
-    for name, t, (shape, stride) in zip(NAMES, data, expected_layouts(m, k, l)):
+    layouts = expected_layouts(m, k, l)
+    for name, t, i in zip(names, tensors, index):
+        shape, stride = layouts[i]
         if t.shape != shape:
             raise ValueError(
                 f"{name}: expected shape {shape} for M, K, L = {m}, {k}, {l} (from a), got {tuple(t.shape)}"
@@ -96,9 +116,9 @@ def validate_inputs(data, *, require_cuda: bool = False) -> tuple[int, int, int]
         if t.device != device:
             raise ValueError(f"{name}: expected device {device} (the device of a), got {t.device}")
     if require_cuda and device.type != "cuda":
-        raise ValueError(f"a: expected a CUDA device (for all 7 tensors), got {device}")
-    if device.type != "meta":
-        for name, t in zip(NAMES, data):
+        raise ValueError(f"a: expected a CUDA device (for all {len(names)} tensors), got {device}")
+    if check_pointers and device.type != "meta":
+        for name, t in zip(names, tensors):
             if t.data_ptr() % PTR_ALIGN:
                 raise ValueError(
                     f"{name}: expected a {PTR_ALIGN}-byte aligned data pointer, got address {t.data_ptr():#x} "

@@ -22,19 +22,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layouts import closed_form as cf
+from submission.shapes import TEST_SHAPES
 from layouts import convert, sf_cute
 
-CONTEST_SHAPES = [
-    (128, 256, 1),
-    (128, 1536, 1),
-    (128, 3072, 1),
-    (256, 7168, 1),
-    (2432, 4608, 2),
-    (384, 7168, 2),
-    (512, 512, 2),
-    (512, 4096, 2),
-    (512, 1536, 2),
-]
+CONTEST_SHAPES = list(TEST_SHAPES)
 ODD_SHAPES = [(1, 64, 1), (127, 192, 2), (129, 320, 1), (1000, 64, 3), (1000, 320, 2), (200, 192, 1)]
 SHAPES = CONTEST_SHAPES + ODD_SHAPES
 # Every mode of every layout has extent > 1 here, so a wrong stride moves some offset.

@@ -10,19 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layouts import closed_form as cf
+from submission.shapes import TEST_SHAPES
 from layouts import convert
 
-CONTEST_SHAPES = [
-    (128, 256, 1),
-    (128, 1536, 1),
-    (128, 3072, 1),
-    (256, 7168, 1),
-    (2432, 4608, 2),
-    (384, 7168, 2),
-    (512, 512, 2),
-    (512, 4096, 2),
-    (512, 1536, 2),
-]
+CONTEST_SHAPES = list(TEST_SHAPES)
 # (M, K, L); K = 16 and 80 leave the last 4-column group part empty.
 ODD_SHAPES = [(1, 64, 1), (127, 192, 2), (129, 320, 1), (1000, 64, 3), (3, 16, 2), (300, 80, 2), (1, 16, 1)]
 SHAPES = CONTEST_SHAPES + ODD_SHAPES
