@@ -23,7 +23,7 @@ from functools import lru_cache
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.utils
+from cutlass.memory import SmemAllocator
 from cutlass import Float16, Float32, Int32, Uint8, Uint32, const_expr
 
 from cute_kernels import decode
@@ -213,7 +213,7 @@ class GemvSimt:
         pieces_per_step = cfg.c_lanes * self.warps
         n_full = n_pieces // pieces_per_step  # steps where every lane has a piece: no guard in the hot loop
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout((cfg.rows_per_cta, self.warps)), 16)
         lut_slots = smem.allocate_tensor(Uint32, cute.make_layout((2, 32)), 16)
         luts = decode.lut_registers(self.arch, lut_slots[None, lane])

@@ -98,3 +98,11 @@ def test_library_and_contest_launch_paths_both_compile():
     assert list(lib)[:-1] == list(own) and len(lib) == len(own) + 1
     assert torch_queue.compile_simt(cfg, "sm_90a") is torch_queue.compile_simt(cfg, "sm_90a")  # cached
     assert gemv_simt.compile(cfg, "sm_90a") is not None
+
+
+def test_tensor_core_kernel_on_torch_stream_compiles_for_sm100a():
+    """The library's Blackwell path (the tcgen05 kernel taking torch's current CUDA queue) builds on the CPU."""
+    from cute_kernels import torch_queue
+
+    compiled = torch_queue.compile_tc()
+    assert compiled is torch_queue.compile_tc()
