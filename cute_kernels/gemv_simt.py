@@ -7,15 +7,16 @@ in (row, scale column, batch) coordinates, so the contest's permuted `(32,4,rest
 
 Work split. A thread owns one 32-element K piece (16 bytes of A: one 128-bit load, two scale blocks) for the four
 rows r, r+32, r+64, r+96 of a 128-row slab: exactly the rows whose scales of one 64-element group sit in 16
-contiguous bytes of the permuted buffer. A warp is 8 such r × 4 consecutive pieces:
+contiguous bytes of the permuted buffer. A warp is r_lanes such r × c_lanes = 32 / r_lanes consecutive pieces:
 
-    lane = 4·ri + c        rows  r = r0 + ri (+ 8·i for i < rows_per_thread), and r + 32q for q < 4
-                           piece p = 4·(step·warps + warp) + c  ->  bytes [16p, 16p+16) of each row
-    per row and load:      4 lanes read 64 contiguous bytes (2 full sectors); permuted scales: 8 rows × 16 B
-                           = 128 contiguous bytes per scale group
+    lane = c_lanes·ri + c   rows  r = r0 + ri (+ r_lanes·i for i < rows_per_thread), and r + 32q for q < 4
+                            piece p = c_lanes·(step·warps + warp) + c  ->  bytes [16p, 16p+16) of each row
+    per row and load:       c_lanes lanes read 16·c_lanes contiguous bytes (r_lanes = 2: 256 B, two full lines)
+    permuted scales:        r_lanes rows × 16 B contiguous per 64-element group, one 128-bit load a thread
 
-Warps take interleaved K windows; each thread sums its blocks in fp32 in K order, then lanes (xor 1, 2) and warps
-(in warp order, through shared memory) are added in a fixed order, so the result is bit-identical run to run.
+Warps take interleaved K windows; each thread sums its blocks in fp32 in K order, then lanes (butterfly over c) and
+warps (in warp order, through shared memory) are added in a fixed order, so the result is bit-identical run to run.
+The split that is fastest depends on K (submission/dispatch.py: SIMT_TABLE, measured on the H200).
 """
 
 from dataclasses import dataclass
