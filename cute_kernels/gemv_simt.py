@@ -82,7 +82,9 @@ class GemvSimt:
 
     @staticmethod
     def can_implement(m: int, k: int, l: int) -> bool:
-        return m >= 1 and l >= 1 and k >= 64 and k % 64 == 0 and m * k // 2 * l < 2**31
+        """M, L >= 1; K a positive multiple of 64; every 32-bit word offset of A and b fits in an int32 (the
+        kernel's index arithmetic): max(M, 128) · K/8 · L < 2³¹, i.e. A up to 8 GiB."""
+        return m >= 1 and l >= 1 and k >= 64 and k % 64 == 0 and max(m, 128) * (k // 8) * l < 2**31
 
     @cute.jit
     def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSFA: cute.Tensor, mSFB: cute.Tensor, mC: cute.Tensor):

@@ -53,6 +53,14 @@ class Launchers(NamedTuple):
 DEFAULT_QUEUE = Launchers(simt=gemv_simt.compile, tc=gemv_tc_sm100.gemv_tc_sm100)
 
 
+def _require(can_implement, m: int, k: int, l: int):  # noqa: E741
+    if not can_implement(m, k, l):
+        raise ValueError(
+            f"a: (M, K, L) = ({m}, {k}, {l}) is beyond what {can_implement.__qualname__.split('.')[0]} takes: "
+            f"{can_implement.__doc__.splitlines()[0] if can_implement.__doc__ else ''}"
+        )
+
+
 def _raw(compiled):
     # The TVM-FFI function without the DSL's Python kwargs shim (a few µs per call saved).
     return compiled.__tvm_ffi_object__()
@@ -69,13 +77,16 @@ class Dispatcher:
         """The compiled kernel for this device and shape: a callable (a, b, sf_a, sf_b, c)."""
         major = capability[0]
         if major == 9:
+            _require(gemv_simt.GemvSimt.can_implement, m, k, l)
             return _raw(self.launchers.simt(simt_config_for(m, k, l, "sm_90", sf_kind)))
         if major == 10:
             variant = sm100_variant or os.environ.get("NVFP4_GEMV_SM100", _DEFAULT_SM100)
             if variant not in SM100_VARIANTS:
                 raise ValueError(f"sm100_variant: expected one of {SM100_VARIANTS}, got {variant!r}")
             if variant == "simt" or sf_kind != "permuted":
+                _require(gemv_simt.GemvSimt.can_implement, m, k, l)
                 return _raw(self.launchers.simt(simt_config_for(m, k, l, "sm_100", sf_kind)))
+            _require(gemv_tc_sm100.GemvTcSm100.can_implement, m, k, l)
             # Sizes its split-K workspace per call: a Python wrapper around one launch (never run; no B200 here).
             return self.launchers.tc
         raise RuntimeError(
