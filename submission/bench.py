@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
 
 import torch
 
@@ -20,24 +19,6 @@ from submission.shapes import bytes_moved
 
 POOL_BYTES = 256 << 20
 FLUSH_BYTES = 256 << 20  # > 5x the H200's 50 MB L2
-
-
-@dataclass
-class Timing:
-    name: str
-    m: int
-    k: int
-    l: int  # noqa: E741
-    us: float
-    floor_us: float
-
-    @property
-    def tb_s(self) -> float:
-        return bytes_moved(self.m, self.k, self.l) / (self.us * 1e-6) / 1e12
-
-    @property
-    def x_floor(self) -> float:
-        return self.us / self.floor_us
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
@@ -69,6 +50,8 @@ FLUSH_MODES = ("contest", "clean")
 def flush_l2(mode: str = "contest"):
     """"contest": allocate a 4 GiB torch.randn as the contest's harness does; it leaves the L2 full of dirty lines
     that the timed call then writes back. "clean": read 256 MB, which leaves the L2 full of clean lines."""
+    if mode not in FLUSH_MODES:
+        raise ValueError(f"flush mode must be one of {FLUSH_MODES}, got {mode!r}")
     if mode == "contest":
         torch.randn(1 << 30, device="cuda")
         return
