@@ -15,7 +15,7 @@ import statistics
 
 import torch
 
-from submission.shapes import bytes_moved
+from submission.shapes import bytes_moved, floor_us
 
 POOL_BYTES = 256 << 20
 FLUSH_BYTES = 256 << 20  # > 5x the H200's 50 MB L2
@@ -129,16 +129,16 @@ def _lut(device):
     return torch.tensor(FP4_E2M1_LUT, dtype=torch.float32, device=device)
 
 
+def _dequant(packed, sf, lut):
+    """(..., K/2, L) packed fp4 and (..., K/16, L) plain scales -> (..., K, L) fp32 values, low nibble first."""
+    u = packed.view(torch.uint8)
+    v = torch.stack((lut[(u & 0xF).long()], lut[(u >> 4).long()]), dim=-2).flatten(-3, -2)
+    return v * sf.float().repeat_interleave(16, dim=-2)
+
+
 def dequant_gemv(a, b, sfa, sfb, lut):
     """The straightforward PyTorch GEMV: dequantize A and b to fp32 with the plain scales, multiply, sum over K."""
-    au = a.view(torch.uint8)
-    m, kb, l = au.shape  # noqa: E741
-    av = torch.stack((lut[(au & 0xF).long()], lut[(au >> 4).long()]), dim=2).reshape(m, 2 * kb, l)
-    av = av * sfa.float().repeat_interleave(16, dim=1)
-    bu = b.view(torch.uint8)[0]
-    bv = torch.stack((lut[(bu & 0xF).long()], lut[(bu >> 4).long()]), dim=1).reshape(2 * kb, l)
-    bv = bv * sfb[0].float().repeat_interleave(16, dim=0)
-    return (av * bv[None]).sum(dim=1).to(torch.float16)
+    return (_dequant(a, sfa, lut) * _dequant(b[0], sfb[0], lut)[None]).sum(dim=1).to(torch.float16)
 
 
 def torch_compile_baseline():
@@ -164,13 +164,10 @@ def quack_baseline(data):
     from quack.gemm_w4 import gemm_w4a16, prepare_w4_weight
 
     a, b, sfa, sfb, _, _, c = data
-    m, kb, l = a.shape  # noqa: E741
+    m, _, l = a.shape  # noqa: E741
     au = a.view(torch.uint8)
     prepared = [prepare_w4_weight(au[:, :, i].contiguous(), sfa[:, :, i].contiguous(), wformat="nvfp4") for i in range(l)]
-    lut = _lut(a.device)
-    bu = b.view(torch.uint8)[0]
-    bv = torch.stack((lut[(bu & 0xF).long()], lut[(bu >> 4).long()]), dim=1).reshape(2 * kb, l)
-    act = (bv * sfb[0].float().repeat_interleave(16, dim=0)).t().contiguous().to(torch.bfloat16)  # (L, K)
+    act = _dequant(b[0], sfb[0], _lut(a.device)).t().contiguous().to(torch.bfloat16)  # (L, K)
 
     def fn(d):
         outs = [gemm_w4a16(act[i : i + 1].contiguous(), blob, sf, wformat="nvfp4", n_out=m) for i, (blob, sf) in
@@ -196,7 +193,7 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
     tc = torch_compile_baseline() if baselines else None
     for m, k, l in shapes:  # noqa: E741
         pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
-        floor = bytes_moved(m, k, l) / bw * 1e6
+        floor = floor_us(m, k, l, bw)
         variants = [("nvfp4-gemv", custom_kernel)]
         if baselines:
             variants.append(("torch.compile dequant", tc))

@@ -317,11 +317,11 @@ CSV_FIELDS = ("m", "k", "l", "variant", "bytes", "floor_us", "contest_us", "grap
 
 def floor_rows(shapes, bandwidth: float, kind: str):
     """Rows of the floor table: bytes moved and bytes/bandwidth per shape (bandwidth in bytes/s)."""
-    from submission.shapes import bytes_moved
+    from submission.shapes import bytes_moved, floor_us
 
     return [
         {"m": m, "k": k, "l": l, "variant": "floor", "bytes": bytes_moved(m, k, l),
-         "floor_us": bytes_moved(m, k, l) / bandwidth * 1e6, "contest_us": float("nan"), "graph_us": float("nan"),
+         "floor_us": floor_us(m, k, l, bandwidth), "contest_us": float("nan"), "graph_us": float("nan"),
          "tb_s": bandwidth / 1e12, "x_floor": 1.0, "bandwidth_tb_s": bandwidth / 1e12, "bandwidth_kind": kind}
         for m, k, l in shapes  # noqa: E741
     ]
