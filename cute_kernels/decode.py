@@ -196,3 +196,27 @@ def block_dot(arch: str, a0, a1, bp0, bp1, luts) -> Float32:
 
 def block_scale(arch: str) -> float:
     return 0.25 if arch == "sm_90" else 1.0
+
+
+def accumulate_piece(arch: str, rA, scale_words, rB, sb_word, acc, half, luts):
+    """One 32-element K piece (two scale blocks) of every row a thread owns, added into acc[i, q] in fp32.
+
+    rA[w, q, i]: the piece's four A words of row (i, q); scale_words[i][q]: that row's scale word of the piece's
+    64-element group (4 scales, first in the low byte); rB: the piece's four b words; sb_word: b's scale word of
+    the group. `half` (0 or 1) picks the piece's two scales in the words. Each block product d·(sa·sb) is exact in
+    fp32 (a ≤ 12-bit block sum times an 8-bit scale product), so each row takes one rounding per block."""
+    sb0, sb1 = e4m3x2_to_f32x2(Uint32(sb_word) >> (half * 16))
+    inv = Float32(block_scale(arch))
+    sb0 = sb0 * inv
+    sb1 = sb1 * inv
+    bp0 = prepare_b(arch, rB[0], luts)
+    bp1 = prepare_b(arch, rB[1], luts)
+    bp2 = prepare_b(arch, rB[2], luts)
+    bp3 = prepare_b(arch, rB[3], luts)
+    for i in range(len(scale_words)):
+        for q in range(4):
+            sa0, sa1 = e4m3x2_to_f32x2(Uint32(scale_words[i][q]) >> (half * 16))
+            d0 = block_dot(arch, rA[0, q, i], rA[1, q, i], bp0, bp1, luts)
+            d1 = block_dot(arch, rA[2, q, i], rA[3, q, i], bp2, bp3, luts)
+            acc[i, q] = acc[i, q] + d0 * (sa0 * sb0)
+            acc[i, q] = acc[i, q] + d1 * (sa1 * sb1)

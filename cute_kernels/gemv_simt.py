@@ -172,24 +172,10 @@ class GemvSimt:
     def compute_piece(self, bufs, acc, piece, luts):
         """Decode and multiply one loaded piece, adding into acc[i, q] (two fp32 roundings per row)."""
         rA, rS, rB, rSB = bufs
-        half = piece % 2
-        sb0, sb1 = decode.e4m3x2_to_f32x2(cute.recast_tensor(rSB, Uint32)[0] >> (half * 16))
-        inv = Float32(decode.block_scale(self.arch))
-        sb0 = sb0 * inv
-        sb1 = sb1 * inv
-        bp0 = decode.prepare_b(self.arch, rB[0], luts)
-        bp1 = decode.prepare_b(self.arch, rB[1], luts)
-        bp2 = decode.prepare_b(self.arch, rB[2], luts)
-        bp3 = decode.prepare_b(self.arch, rB[3], luts)
-        for i in cutlass.range_constexpr(self.rr):
-            rS32 = cute.recast_tensor(rS[None, None, i], Uint32)
-            for q in cutlass.range_constexpr(4):
-                sa0, sa1 = decode.e4m3x2_to_f32x2(rS32[q] >> (half * 16))
-                d0 = decode.block_dot(self.arch, rA[0, q, i], rA[1, q, i], bp0, bp1, luts)
-                d1 = decode.block_dot(self.arch, rA[2, q, i], rA[3, q, i], bp2, bp3, luts)
-                # Each product is exact in fp32 (12-bit block sum × 8-bit scale product): one rounding per block.
-                acc[i, q] = acc[i, q] + d0 * (sa0 * sb0)
-                acc[i, q] = acc[i, q] + d1 * (sa1 * sb1)
+        scale_words = [cute.recast_tensor(rS[None, None, i], Uint32) for i in range(self.rr)]
+        decode.accumulate_piece(
+            self.arch, rA, scale_words, rB, cute.recast_tensor(rSB, Uint32)[0], acc, piece % 2, luts
+        )
 
     @cute.kernel
     def kernel(
