@@ -22,6 +22,10 @@ E2M1X2_LUT_HI = 0x0C080604
 SIGN_BITS = 0x88888888
 # Per byte: p + 128 - n (no borrow across bytes since p, n <= 12), then flip bit 7 back: p - n as int8.
 BYTE_BIAS = 0x80808080
+# The fp32 1.5·2²³ as bits. An int32 v with |v| < 2²² added to these bits gives the float 1.5·2²³ + v exactly, so
+# bits(v + MAGIC) - 1.5·2²³ is float(v) in one IADD and one FADD (full-rate pipes) instead of an I2F.
+MAGIC_BITS = 0x4B400000
+MAGIC = 12582912.0
 
 
 def _asm_u32(args, asm: str, constraints: str, loc=None, ip=None) -> Uint32:
@@ -175,7 +179,7 @@ def block_dot(arch: str, a0, a1, bp0, bp1, luts) -> Float32:
     chains; the block sum is P·b - N·b. sm_100: eight fma.rn.f16x2 into one packed accumulator."""
     if const_expr(arch == "sm_90"):
         lo, hi = luts
-        pos = Int32(0)
+        pos = Int32(MAGIC_BITS)  # |P·b - N·b| <= 16·12·12 < 2²²
         neg = Int32(0)
         for x, bp in ((Uint32(a0), bp0), (Uint32(a1), bp1)):
             xn = x ^ Uint32(SIGN_BITS)
@@ -183,7 +187,7 @@ def block_dot(arch: str, a0, a1, bp0, bp1, luts) -> Float32:
             neg = dp4a(prmt(lo, hi, xn), bp[0], neg)
             pos = dp4a(prmt(lo, hi, x >> 16), bp[1], pos)
             neg = dp4a(prmt(lo, hi, xn >> 16), bp[1], neg)
-        return Float32(pos - neg)
+        return Float32(llvm.bitcast(T.f32(), (pos - neg).ir_value())) - Float32(MAGIC)
     else:
         acc = Uint32(0)
         for x, bp in ((Uint32(a0), bp0), (Uint32(a1), bp1)):

@@ -123,7 +123,9 @@ class GemvSimt:
     def load_once(self, src: cute.Tensor, dst: cute.Tensor):
         """A 128-bit load of data read exactly once (A and its scales), with L1::no_allocate so L1 keeps b.
 
-        Measured on the H200 (2026-11-29): 0.3-0.8 µs faster than default-cached loads on the benchmark shapes."""
+        Measured on the H200 (2026-11-29): 0.3-0.8 µs faster than default-cached loads on the benchmark shapes. An
+        L2 evict-first policy on these loads (cute_kernels.l2_policy) made every shape 2-7 µs slower, in graph and
+        contest timing alike."""
         atom = cute.make_copy_atom(
             cute.nvgpu.CopyG2ROp(),
             src.element_type,

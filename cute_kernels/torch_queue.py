@@ -15,10 +15,17 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_stream
 
-from cute_kernels import gemv_simt, gemv_tc_sm100
+from cute_kernels import gemv_simt, gemv_tc_sm100, gemv_tma
 
 
 class GemvSimtOnTorchStream(gemv_simt.GemvSimt):
+    @cute.jit
+    def __call__(self, mA, mB, mSFA, mSFB, mC, stream):
+        launcher, shape = self.build(mA, mB, mSFA, mSFB, mC)
+        launcher.launch(**shape, stream=stream)
+
+
+class GemvTmaOnTorchStream(gemv_tma.GemvTma):
     @cute.jit
     def __call__(self, mA, mB, mSFA, mSFB, mC, stream):
         launcher, shape = self.build(mA, mB, mSFA, mSFB, mC)
@@ -42,6 +49,17 @@ def compile_simt(config: gemv_simt.GemvSimtConfig, gpu_arch: str = ""):
     return cute.compile(
         GemvSimtOnTorchStream(config),
         *gemv_simt.fake_operands(config.sf_kind),
+        _env_stream(),
+        options=gemv_simt.compile_options(gpu_arch),
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def compile_tma(config: gemv_tma.GemvTmaConfig, gpu_arch: str = ""):
+    """`gemv_tma.compile`, launching on torch's current stream."""
+    return cute.compile(
+        GemvTmaOnTorchStream(config),
+        *gemv_simt.fake_operands("permuted"),
         _env_stream(),
         options=gemv_simt.compile_options(gpu_arch),
     )

@@ -50,6 +50,13 @@ def slab_offset(i, j, k):
     return permuted_offset(i, j, 0, 128, k)
 
 
+def unit_slice_offset(b, g, u, mb, l, m, k):
+    """Byte of (slice byte b, 64-K group g, quarter u, 128-row block mb, batch l) of the permuted buffer: the scale
+    of row 128*mb + 32*q + 8*u + r, scale column 4*g + jj, where b = r*16 + q*4 + jj."""
+    r, q, jj = b // 16, (b % 16) // 4, b % 4
+    return permuted_offset(128 * mb + 32 * q + 8 * u + r, 4 * g + jj, l, m, k)
+
+
 def fp4_nibble_offset(row, e, l, rows, k):
     """Nibble index of fp4 element (row, K element e, batch l) in a packed (rows, k/2, L) byte buffer.
 

@@ -24,6 +24,7 @@ ATOM_K = ATOM_SF_COLS * SF_VEC  # 64
 ATOM_BYTES = ATOM_ROWS * ATOM_SF_COLS  # 512
 
 LAYOUT_KINDS = ("permuted", "plain")
+UNIT_SLICE_BYTES = 128  # one quarter's bytes of one atom: rows 8u..8u+7 (all four 32-row groups), 4 columns
 
 
 def _ceil_div(x, d):
@@ -65,6 +66,12 @@ def _by_col_stride(kind, m, k):
         kc = _multiple(k // SF_VEC, ATOM_SF_COLS)  # k % 64 == 0
         return ((kc, 32 * kc, ATOM_ROWS * kc), (1, ATOM_SF_COLS), m * kc)
     raise ValueError(f"sf layout kind must be one of {LAYOUT_KINDS}, got {kind!r}")
+
+
+def _unit_slices_stride(m, k):
+    # (byte of a quarter's slice, 64-K group, quarter, 128-row block, batch) over the permuted buffer.
+    block = _multiple(ATOM_BYTES * _rest_k(k), ATOM_BYTES)
+    return (1, ATOM_BYTES, UNIT_SLICE_BYTES, block, _multiple(block * _rest_m(m), ATOM_BYTES))
 
 
 def _slab_stride():
@@ -130,6 +137,18 @@ def sf_layout_by_col(kind, m, k, l):
     stride = _by_col_stride(kind, m, k)
     shape = ((32, 4, _rest_m(m)), (ATOM_SF_COLS, _rest_k(k)), l)
     return cute.make_layout(shape, stride=stride)
+
+
+def sf_unit_slices(m, k, l):
+    """The permuted buffer as (byte b, 64-K group g, quarter u, 128-row block mb, batch l) -> byte.
+
+    Quarter u of a block is the 32 rows 8u + r + 32q (r < 8, q < 4). In every atom their scales are one run of 128
+    bytes, byte b = r*16 + q*4 + jj for scale column 4g + jj: the slice the Hopper TMA kernel copies, one box of
+    (128 bytes × several groups) per stage. The first 16 bytes of quarter 0 hold rows 0, 32, 64, 96; row 0's four
+    scales are bytes 0..3 (what a GEMV needs of b's scales).
+    """
+    shape = (UNIT_SLICE_BYTES, _rest_k(k), 4, _rest_m(m), l)
+    return cute.make_layout(shape, stride=_unit_slices_stride(m, k))
 
 
 def sf_slab_layout(k):

@@ -194,7 +194,7 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
     for m, k, l in shapes:  # noqa: E741
         pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
         floor = floor_us(m, k, l, bw)
-        variants = [("nvfp4-gemv", custom_kernel)]
+        variants = [("nvfp4-gemv", custom_kernel)] + tma_variants()
         if baselines:
             variants.append(("torch.compile dequant", tc))
             try:
@@ -217,6 +217,27 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
     return bw, rows
 
 
+def _on_permuted(compiled):
+    """A call taking the contest tuple, for a compiled kernel that takes (a, b, sfa_permuted, sfb_permuted, c)."""
+    fn = compiled.__tvm_ffi_object__()
+    return lambda d: fn(d[0], d[1], d[4], d[5], d[6])
+
+
+def tma_variants():
+    """On sm_90: the TMA-fed alternative kernel (cute_kernels.gemv_tma, not dispatched), and the same kernel with
+    its math off, which moves the same bytes and gives the rate of that data path alone."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        return []
+    from cute_kernels import gemv_tma, torch_queue
+
+    ctas = 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    return [
+        ("gemv_tma (not dispatched)", _on_permuted(torch_queue.compile_tma(gemv_tma.GemvTmaConfig(ctas=ctas)))),
+        ("data path alone (gemv_tma, no math)",
+         _on_permuted(torch_queue.compile_tma(gemv_tma.GemvTmaConfig(ctas=ctas, decode=False)))),
+    ]
+
+
 def sweep_simt_configs(shapes, configs, log=print):
     """Graph-timed µs of the CUDA-core kernel for each config on each shape (kernel time only, L2 defeated by the
     rotated pool); returns {(shape, config): µs}. Used to fill the config table in submission.dispatch."""
@@ -227,12 +248,7 @@ def sweep_simt_configs(shapes, configs, log=print):
     for m, k, l in shapes:  # noqa: E741
         pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
         for cfg in configs:
-            fn = torch_queue.compile_simt(cfg).__tvm_ffi_object__()
-
-            def call(d, fn=fn):
-                fn(d[0], d[1], d[4], d[5], d[6])
-
-            us = graph_time_us(call, pool)
+            us = graph_time_us(_on_permuted(torch_queue.compile_simt(cfg)), pool)
             out[((m, k, l), cfg)] = us
             log(f"{m:>6} {k:>6} {l:>2}  warps={cfg.warps:<2} r_lanes={cfg.r_lanes} rows/thr={cfg.rows_per_thread} "
                 f"{us:8.2f} us")

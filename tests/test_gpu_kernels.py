@@ -1,5 +1,6 @@
 """The kernels on a real GPU (marked `gpu`): contest check on every test, benchmark and odd shape, contest and
-full-range data, both scale layouts, bit-exact one-hot probes, determinism, and bad-input refusal."""
+full-range data, both scale layouts, bit-exact one-hot probes, determinism, and bad-input refusal; and the same
+numbers from the TMA-fed alternative kernel (cute_kernels.gemv_tma), called directly since dispatch does not pick it."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ import torch
 from submission.kernel import custom_kernel
 from submission.reference import (
     check,
+    check_fp32_bound,
     generate_full_range,
     generate_input,
     one_hot_probe,
@@ -121,3 +123,58 @@ def test_misaligned_operand_is_refused_after_a_good_call():
     shifted = raw[8 : 8 + a.numel()].view(a.shape).view(a.dtype)
     with pytest.raises(ValueError, match="^a:"):
         custom_kernel(_tuple_with(data, 0, shifted))
+
+
+# ---- the TMA-fed alternative (sm_90 only; permuted scales) ----
+
+TMA_CONFIGS = {"default": dict(), "2 pieces, 2 stages, one CTA per unit": dict(pieces=2, stages=2, ctas=0)}
+
+
+def _tma(name):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("gemv_tma is built and measured for sm_90")
+    from cute_kernels import gemv_tma, torch_queue
+
+    fn = torch_queue.compile_tma(gemv_tma.GemvTmaConfig(**TMA_CONFIGS[name])).__tvm_ffi_object__()
+
+    def run(data):
+        a, b, _, _, sfa_p, sfb_p, c = data
+        c.fill_(float("nan"))
+        fn(a, b, sfa_p, sfb_p, c)
+        torch.cuda.synchronize()
+        return c.clone()
+
+    return run
+
+
+@pytest.mark.parametrize("config", TMA_CONFIGS)
+@pytest.mark.parametrize("m,k,l", SHAPES)
+def test_tma_kernel_contest_and_full_range(m, k, l, config):
+    run = _tma(config)
+    data = generate_input(m, k, l, seed=2000 + m + k + l, device="cuda")
+    assert torch.equal(run(data), _ref(data))
+    # Full-range sums cancel; the fp32 reference's own order error can exceed 1e-3, so the bound is the exact sum's.
+    data = generate_full_range(m, k, l, seed=3 * m + k + l, device="cuda")
+    ok, msg = check_fp32_bound(run(data), data)
+    assert ok, msg
+
+
+@pytest.mark.parametrize("config", TMA_CONFIGS)
+@pytest.mark.parametrize("m,k,l", [(128, 256, 1), (129, 320, 2), (1000, 1088, 3)])
+def test_tma_kernel_one_hot_probes_bit_exact(m, k, l, config):
+    run = _tma(config)
+    for col in sorted({0, 1, 15, 16, 17, 31, 32, 63, k // 2 + 1, k - 1}):
+        data = one_hot_probe(m, k, l, col, seed=col, device="cuda")
+        out = run(data)
+        assert torch.equal(out.view(torch.int16), probe_expected(data, col).to(out.device).view(torch.int16)), col
+
+
+def test_tma_kernel_bit_identical_across_runs_and_nan_scales():
+    run = _tma("default")
+    data = generate_full_range(7168, 2048, 4, seed=11, device="cuda", nonfinite=True)
+    first = run(data)
+    ok, msg = check_fp32_bound(first, data)
+    assert ok, msg
+    assert torch.isnan(first).any()
+    for _ in range(20):
+        assert torch.equal(run(data).view(torch.int16), first.view(torch.int16))

@@ -50,6 +50,7 @@ BUILDERS = {
     "by_col_permuted": (_by_col("permuted"), lambda m, k, l: (128 * cf.rest_mk(m, k)[0], k // 16, l)),
     "by_col_plain": (_by_col("plain"), lambda m, k, l: (128 * cf.rest_mk(m, k)[0], k // 16, l)),
     "slab": (lambda m, k, l: sf_cute.sf_slab_layout(k), lambda m, k, l: (128, k // 16)),
+    "unit_slices": (sf_cute.sf_unit_slices, lambda m, k, l: (128, k // 64, 4, cf.rest_mk(m, k)[0], l)),
     "fp4_nibble": (sf_cute.fp4_packed_view, lambda m, k, l: (m, k, l)),
     "fp4_byte": (sf_cute.fp4_byte_layout, lambda m, k, l: (m, k // 2, l)),
 }
@@ -107,6 +108,8 @@ def _closed_form(name, coords, m, k, l):
         return cf.plain_offset(*coords, m, k)
     if name == "slab":
         return cf.slab_offset(*coords, k)
+    if name == "unit_slices":
+        return cf.unit_slice_offset(*coords, m, k)
     if name == "fp4_nibble":
         return cf.fp4_nibble_offset(*coords, m, k)
     if name == "fp4_byte":
@@ -215,7 +218,7 @@ def test_unknown_kind_raises():
     m=st.integers(1, 700),
     kb=st.integers(1, 24),
     l=st.integers(1, 3),
-    name=st.sampled_from(["permuted_mkl", "by_col_permuted", "by_col_plain", "slab", "fp4_nibble"]),
+    name=st.sampled_from(["permuted_mkl", "by_col_permuted", "by_col_plain", "slab", "unit_slices", "fp4_nibble"]),
 )
 @settings(max_examples=40, deadline=None)
 def test_cute_layout_equals_closed_form_random_shapes(name, m, kb, l):
@@ -312,6 +315,7 @@ STRIDE_TABLES = {
     "_atom_grid_stride": ["permuted_mkl"],
     "_by_col_stride": ["by_col_permuted", "by_col_plain"],
     "_slab_stride": ["slab"],
+    "_unit_slices_stride": ["unit_slices"],
     "_fp4_nibble_stride": ["fp4_nibble"],
     "_fp4_byte_stride": ["fp4_byte"],
 }
@@ -339,7 +343,7 @@ def _stride_sample(table, layout):
         return fn(*cf.rest_mk(m, k))
     if table == "_by_col_stride":
         return fn(layout.removeprefix("by_col_"), m, k)
-    if table in ("_fp4_nibble_stride", "_fp4_byte_stride"):
+    if table in ("_fp4_nibble_stride", "_fp4_byte_stride", "_unit_slices_stride"):
         return fn(m, k)
     return fn()
 
@@ -353,8 +357,8 @@ MUTATIONS = [
 
 
 def test_mutation_cases_cover_every_stride():
-    # 4 atom strides (twice), 3 grid, 6 + 6 by-col, 4 slab, 4 nibble, 3 byte.
-    assert len(MUTATIONS) == 4 + 4 + 3 + 6 + 6 + 4 + 4 + 3
+    # 4 atom strides (twice), 3 grid, 6 + 6 by-col, 4 slab, 5 unit slices, 4 nibble, 3 byte.
+    assert len(MUTATIONS) == 4 + 4 + 3 + 6 + 6 + 4 + 5 + 4 + 3
 
 
 @pytest.mark.parametrize("table,layout,leaf", MUTATIONS)

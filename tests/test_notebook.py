@@ -44,6 +44,7 @@ def test_notebook_prints_the_layout_numbers(executed):
     nb, _ = executed
     text = "".join(o.text for o in outputs(nb) if o.output_type == "stream")
     assert "slab 0 spans bytes 0..16383 (16384 distinct = 512 * K/64 = 16384)" in text
-    # One warp's scale load for one K step: 8 rows of r x 4 row groups x 2 scale groups x 4 columns = 256 bytes.
-    assert "permuted: 256 bytes, 8 sectors, 2 contiguous runs" in text
-    assert "plain: 256 bytes, 32 sectors, 32 contiguous runs" in text
+    # One warp's scale load for one K step (K = 2048 config: 4 values of r, 8 lanes along K): 4 r x 4 row groups x
+    # 4 scale groups x 4 columns = 256 bytes, in 64-byte runs when permuted, one 16-byte row piece each when plain.
+    assert "permuted: 256 bytes, 8 sectors, 4 contiguous runs" in text
+    assert "plain: 256 bytes, 16 sectors, 16 contiguous runs" in text

@@ -13,6 +13,8 @@ import torch
 from submission.reference import (
     FP4_E2M1_LUT,
     check,
+    check_fp32_bound,
+    exact_gemv,
     decode_e4m3,
     dequant_fp4,
     generate_full_range,
@@ -390,3 +392,43 @@ def test_check_reports_count_and_worst_element():
     ok, msg = check(out, ref)
     assert not ok and msg.startswith("3 of 8") and "(3, 0, 1)" in msg
     assert check(out[:, :, :1], ref)[0] is False  # shape mismatch
+
+
+# ---- the fp32-order bound ----
+
+
+@pytest.mark.parametrize("m,k,l", SMALL_SHAPES + [(256, 7168, 1)])
+def test_fp32_bound_accepts_the_reference_and_rejects_one_wrong_block(m, k, l):
+    data = generate_full_range(m, k, l, seed=m + k)
+    ref = ref_kernel(data).clone()
+    ok, msg = check_fp32_bound(ref, data)
+    assert ok, msg
+    exact, mag = exact_gemv(data)
+    # Drop one block term from one row: a layout or decode bug the size of a single block.
+    a, b, sfa, sfb, *_ = data
+    terms = (dequant_fp4(a[:, :, 0]).double().view(m, k // 16, 16) * decode_e4m3(sfa[:, :, 0]).double().unsqueeze(-1)
+             * (dequant_fp4(b[0, :, 0]).double().view(k // 16, 16) * decode_e4m3(sfb[0, :, 0]).double().unsqueeze(-1)))
+    block = terms.sum(dim=2)
+    finite = exact[:, 0].abs() < 1e4
+    row = int(torch.nonzero(finite & (block.abs().max(dim=1).values > 1e-2))[0])
+    j = int(block[row].abs().argmax())
+    wrong = ref.clone()
+    wrong[row, 0, 0] = (exact[row, 0] - block[row, j]).to(torch.float16)
+    ok, msg = check_fp32_bound(wrong, data)
+    assert not ok and "outside the fp32 bound" in msg
+
+
+def test_fp32_bound_requires_matching_nan_and_overflow():
+    data = generate_full_range(128, 256, 1, seed=5, nonfinite=True)
+    ref = ref_kernel(data).clone()
+    ok, msg = check_fp32_bound(ref, data)
+    assert ok, msg
+    exact, _ = exact_gemv(data)
+    nan_row = int(torch.nonzero(exact[:, 0].isnan())[0])
+    finite_row = int(torch.nonzero(exact[:, 0].abs() < 100)[0])
+    wrong = ref.clone()
+    wrong[nan_row, 0, 0] = 0.0
+    assert not check_fp32_bound(wrong, data)[0]
+    wrong = ref.clone()
+    wrong[finite_row, 0, 0] = float("inf")
+    assert not check_fp32_bound(wrong, data)[0]

@@ -1,4 +1,5 @@
-"""The CUDA-core kernel compiled on the CPU: PTX properties for sm_90a (the H200 build) and the sm_100a variant.
+"""The CUDA-core kernels compiled on the CPU: PTX properties for sm_90a (the H200 build), the sm_100a variant, and
+the TMA-fed alternative (cute_kernels.gemv_tma).
 
 The DSL assembles the PTX with its own ptxas for the target, so a successful sm_90a compile also proves that the
 kernel uses no instruction sm_90 lacks; the asserts below pin what the design depends on."""
@@ -23,13 +24,15 @@ def ptx_of(tmp_path_factory):
     dump = tmp_path_factory.mktemp("dump")
     cache = {}
 
-    def get(arch, gpu_arch, sf_kind="permuted", **kw):
-        key = (arch, gpu_arch, sf_kind, tuple(sorted(kw.items())))
+    def get(arch, gpu_arch, sf_kind="permuted", kernel="simt", **kw):
+        key = (arch, gpu_arch, sf_kind, kernel, tuple(sorted(kw.items())))
         if key not in cache:
+            config = (f"g.GemvSimtConfig(arch={arch!r}, sf_kind={sf_kind!r}, " if kernel == "simt"
+                      else f"g.GemvTmaConfig(arch={arch!r}, ")
             code = (
                 "import json, sys\n"
-                "from cute_kernels import gemv_simt as g\n"
-                f"cfg = g.GemvSimtConfig(arch={arch!r}, sf_kind={sf_kind!r}, **json.loads({json.dumps(json.dumps(kw))}))\n"
+                f"from cute_kernels import gemv_{kernel} as g\n"
+                f"cfg = {config}**json.loads({json.dumps(json.dumps(kw))}))\n"
                 f"sys.stdout.write(g.compile(cfg, {gpu_arch!r}).__ptx__)\n"
             )
             env = dict(os.environ, CUTE_DSL_DUMP_DIR=str(dump), **PTX_ENV)
@@ -54,6 +57,7 @@ def test_sm90a_ptx(ptx_of, sf_kind):
     assert _count(ptx, r"ld\.local|st\.local") == 0
     assert _count(ptx, r"dp4a\.s32\.s32") > 0 and _count(ptx, r"prmt\.b32") > 0
     assert _count(ptx, r"cvt\.rn\.f16x2\.e4m3x2") > 0  # sm_89+ scale decode
+    assert _count(ptx, r"cvt\.rn\.f32\.s32") == 0  # block sums become fp32 by the exact 1.5·2²³ trick, not I2F
     for sm100_only in (r"e2m1x2", r"tcgen05", r"cp\.async\.bulk", r"\.f16x2\.e2m1"):
         assert _count(ptx, sm100_only) == 0, sm100_only
     # No float atomics: the reduction order is fixed.
@@ -106,3 +110,23 @@ def test_tensor_core_kernel_on_torch_stream_compiles_for_sm100a():
 
     compiled = torch_queue.compile_tc()
     assert compiled is torch_queue.compile_tc()
+
+
+@pytest.mark.parametrize("kw", [{}, {"pieces": 2, "stages": 2, "ctas": 0}, {"decode": False}], ids=str)
+def test_tma_kernel_sm90a_ptx(ptx_of, kw):
+    ptx = ptx_of("sm_90", "sm_90a", kernel="tma", **kw)
+    assert ".target sm_90a" in ptx
+    # Seven TMA copies a stage, completed on mbarriers; A and its scales carry the evict-first L2 policy.
+    assert _count(ptx, r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes") >= 7
+    assert _count(ptx, r"createpolicy\.fractional\.L2::evict_first") >= 1
+    assert _count(ptx, r"mbarrier\.try_wait\.parity") >= 2 and _count(ptx, r"mbarrier\.arrive") >= 2
+    assert _count(ptx, r"ld\.local|st\.local") == 0
+    assert _count(ptx, r"ld\.global") == 0  # every operand arrives by TMA
+    if kw.get("decode", True):
+        assert _count(ptx, r"ld\.shared\.v4\.b32") >= 11  # 8 rows of A, 2 scale quads, b: 128-bit shared reads
+        assert _count(ptx, r"dp4a\.s32\.s32") > 0 and _count(ptx, r"prmt\.b32") > 0
+    else:
+        assert _count(ptx, r"dp4a") == 0
+    for sm100_only in (r"e2m1x2", r"tcgen05"):
+        assert _count(ptx, sm100_only) == 0, sm100_only
+    assert _count(ptx, r"\b(atom|red)\.") == 0

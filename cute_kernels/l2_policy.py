@@ -1,0 +1,30 @@
+"""L2 cache policies for loads of data that is read exactly once.
+
+The contest's L2 flush (a 4 GiB `torch.randn`) leaves the 50 MB L2 full of dirty lines. A kernel whose loads
+allocate normally evicts them, and their write-back competes with its reads. Marked evict-first, the kernel's own
+lines are the ones replaced, and most of the dirty lines stay put until after it. Measured on the H200
+(2026-11-29, TMA kernel, contest timing): 26.1 / 43.7 / 17.4 µs with the policy against 29.0 / 47.6 / 18.3 µs
+without on the three benchmark shapes; kernel-only (CUDA-graph) times are unchanged.
+"""
+
+from cutlass import Int64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+
+@dsl_user_op
+def evict_first_policy(*, loc=None, ip=None) -> Int64:
+    """An L2 cache policy (`createpolicy`) marking every line it covers evict-first, for data read once."""
+    return Int64(
+        llvm.inline_asm(
+            T.i64(),
+            [],
+            "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;",
+            "=l",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+            loc=loc,
+            ip=ip,
+        )
+    )
