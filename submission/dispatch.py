@@ -3,8 +3,8 @@
 A `Dispatcher` holds a `Launchers` (how to compile each kernel: following torch's current CUDA queue for the
 library, `submission.kernel`; on the default queue for the single-file submission, `submission.contest`) and a
 cache of compiled kernels. The first call with a new shape signature validates the whole tuple (submission.validate) and
-picks and compiles a kernel for the device's compute capability; later calls check the base-pointer alignment and
-make one launch through the compiled TVM-FFI function. Nothing is allocated per call.
+picks and compiles a kernel for the device's compute capability; later calls make one launch through the compiled
+TVM-FFI function, whose own argument checks (alignment included) guard the launch. Nothing is allocated per call.
 
 Dispatch: sm_90 (H200/H100) -> the CUDA-core kernel with the prmt/dp4a decode; sm_100 family (B200/GB200) -> the
 tcgen05 block-scaled tensor-core kernel by default, or the CUDA-core kernel with the hardware fp4 decode
@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from cute_kernels import gemv_simt, gemv_tc_sm100
-from submission.validate import PTR_ALIGN, validate_inputs
+from submission.validate import validate_inputs
 
 SM100_VARIANTS = ("tc", "simt")
 _DEFAULT_SM100 = "tc"
@@ -117,18 +117,16 @@ class Dispatcher:
     def run(self, a, b, sa, sb, c, sf_kind: str, validate: Callable[[], tuple[int, int, int]]):
         """One launch on the five operands the kernels read; `validate()` checks whatever tuple they came from.
 
-        It runs the first time a shape signature is seen. After that a call checks the base pointers' alignment,
-        and the compiled function itself checks the dtype, rank, device and the static and shared extents and
-        strides of the five operands; if it refuses them, `validate()` runs again, so that the error is a
-        ValueError naming the tensor.
+        It runs the first time a shape signature is seen. After that the compiled function itself checks the
+        dtype, rank, device, 16-byte alignment and the static and shared extents and strides of the five operands
+        (TVM-FFI's argument checks, from the fake tensors it was compiled on); if it refuses them, `validate()`
+        runs again, so that the error is a ValueError naming the tensor.
         """
         key = (a.shape, sa.shape, sf_kind)
         fn = self.kernels.get(key)
         if fn is None:
             m, k, l = validate()  # noqa: E741
             fn = self.kernels[key] = self.select(self.capability(a.device), m, k, l, sf_kind)
-        if (a.data_ptr() | b.data_ptr() | sa.data_ptr() | sb.data_ptr() | c.data_ptr()) % PTR_ALIGN:
-            validate()  # raises, naming the misaligned tensor
         try:
             fn(a, b, sa, sb, c)
         except Exception:
