@@ -16,32 +16,23 @@ from cutlass import Float32, Int32, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
+from cute_kernels.ptx import inline_ptx
+
 # 2·|e2m1| for codes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6), one byte each, as prmt's 8-byte table.
 E2M1X2_LUT_LO = 0x03020100
 E2M1X2_LUT_HI = 0x0C080604
 SIGN_BITS = 0x88888888
 # Per byte: p + 128 - n (no borrow across bytes since p, n <= 12), then flip bit 7 back: p - n as int8.
 BYTE_BIAS = 0x80808080
-# The fp32 1.5·2²³ as bits. An int32 v with |v| < 2²² added to these bits gives the float 1.5·2²³ + v exactly, so
-# bits(v + MAGIC) - 1.5·2²³ is float(v) in one IADD and one FADD (full-rate pipes) instead of an I2F.
+# The fp32 1.5·2²³ as bits. An int32 v with |v| < 2²² added to these bits gives the float 1.5·2²³ + v exactly,
+# so bits(v + MAGIC) - 1.5·2²³ is float(v) in one IADD and one FADD (full-rate pipes) instead of an I2F.
 MAGIC_BITS = 0x4B400000
 MAGIC = 12582912.0
 
 
 def _asm_u32(args, asm: str, constraints: str, loc=None, ip=None) -> Uint32:
-    return Uint32(
-        llvm.inline_asm(
-            T.i32(),
-            [Uint32(a).ir_value(loc=loc, ip=ip) for a in args],
-            asm,
-            constraints,
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
-    )
+    operands = [Uint32(a).ir_value(loc=loc, ip=ip) for a in args]
+    return Uint32(inline_ptx(T.i32(), operands, asm, constraints, loc=loc, ip=ip))
 
 
 def lut_registers(arch: str, slot):
@@ -63,16 +54,9 @@ def lut_registers(arch: str, slot):
 def _ld_shared_volatile(addr, *, loc=None, ip=None) -> Uint32:
     # An asm load: NVVM may not forward the stored constant into it, and ptxas cannot rematerialize it.
     return Uint32(
-        llvm.inline_asm(
-            T.i32(),
-            [Int32(addr).ir_value(loc=loc, ip=ip)],
-            "ld.volatile.shared.b32 $0, [$1];",
-            "=r,r,~{memory}",
-            has_side_effects=True,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
+        inline_ptx(
+            T.i32(), [Int32(addr).ir_value(loc=loc, ip=ip)], "ld.volatile.shared.b32 $0, [$1];", "=r,r,~{memory}",
+            side_effects=True, loc=loc, ip=ip,
         )
     )
 

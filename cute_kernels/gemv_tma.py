@@ -36,10 +36,10 @@ import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32, Int64, Uint8, Uint32, const_expr
 from cutlass.cute.nvgpu import cpasync
 from cutlass.memory import SmemAllocator
-from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import dsl_user_op
 
 from cute_kernels import decode
+from cute_kernels.ptx import inline_ptx
 from cute_kernels.l2_policy import evict_first_policy
 from cute_kernels.gemv_simt import compile_options, fake_operands
 from layouts.sf_cute import sf_unit_slices
@@ -58,15 +58,13 @@ CONSUMER_WARPS = 4  # warp w decodes rows rr = 2w, 2w + 1 of the unit; warp 4 is
 def wait_parity(mbar_smem, parity, *, loc=None, ip=None) -> None:
     """Spin until the phase of the mbarrier at shared address `mbar_smem` with this parity has completed
     (`mbarrier.try_wait.parity` without a suspend-time hint, as CUTLASS's C++ barriers wait)."""
-    llvm.inline_asm(
+    inline_ptx(
         None,
         [Int32(mbar_smem).ir_value(loc=loc, ip=ip), Int32(parity).ir_value(loc=loc, ip=ip)],
         "{\n\t.reg .pred p;\n\tLAB_SPIN:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1;\n\t"
         "@!p bra LAB_SPIN;\n\t}",
         "r,r,~{memory}",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
+        side_effects=True,
         loc=loc,
         ip=ip,
     )

@@ -8,23 +8,14 @@ without on the three benchmark shapes; kernel-only (CUDA-graph) times are unchan
 """
 
 from cutlass import Int64
-from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
+
+from cute_kernels.ptx import inline_ptx
 
 
 @dsl_user_op
 def evict_first_policy(*, loc=None, ip=None) -> Int64:
     """An L2 cache policy (`createpolicy`) marking every line it covers evict-first, for data read once."""
     return Int64(
-        llvm.inline_asm(
-            T.i64(),
-            [],
-            "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;",
-            "=l",
-            has_side_effects=False,
-            is_align_stack=False,
-            asm_dialect=llvm.AsmDialect.AD_ATT,
-            loc=loc,
-            ip=ip,
-        )
+        inline_ptx(T.i64(), [], "createpolicy.fractional.L2::evict_first.b64 $0, 1.0;", "=l", loc=loc, ip=ip)
     )

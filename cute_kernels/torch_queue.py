@@ -18,18 +18,21 @@ from cutlass.cute.runtime import make_fake_stream
 from cute_kernels import gemv_simt, gemv_tc_sm100, gemv_tma
 
 
-class GemvSimtOnTorchStream(gemv_simt.GemvSimt):
+class _OnTorchStream:
+    """Mixin for a kernel class with `build(mA, mB, mSFA, mSFB, mC)`: launch on the stream passed in."""
+
     @cute.jit
     def __call__(self, mA, mB, mSFA, mSFB, mC, stream):
         launcher, shape = self.build(mA, mB, mSFA, mSFB, mC)
         launcher.launch(**shape, stream=stream)
 
 
-class GemvTmaOnTorchStream(gemv_tma.GemvTma):
-    @cute.jit
-    def __call__(self, mA, mB, mSFA, mSFB, mC, stream):
-        launcher, shape = self.build(mA, mB, mSFA, mSFB, mC)
-        launcher.launch(**shape, stream=stream)
+class GemvSimtOnTorchStream(_OnTorchStream, gemv_simt.GemvSimt):
+    pass
+
+
+class GemvTmaOnTorchStream(_OnTorchStream, gemv_tma.GemvTma):
+    pass
 
 
 class GemvTcSm100OnTorchStream(gemv_tc_sm100.GemvTcSm100):
@@ -43,26 +46,22 @@ def _env_stream():
     return make_fake_stream(use_tvm_ffi_env_stream=True)
 
 
+def _compile_on_stream(kernel, sf_kind: str, gpu_arch: str):
+    return cute.compile(
+        kernel, *gemv_simt.fake_operands(sf_kind), _env_stream(), options=gemv_simt.compile_options(gpu_arch)
+    )
+
+
 @functools.lru_cache(maxsize=None)
 def compile_simt(config: gemv_simt.GemvSimtConfig, gpu_arch: str = ""):
     """`gemv_simt.compile`, launching on torch's current stream."""
-    return cute.compile(
-        GemvSimtOnTorchStream(config),
-        *gemv_simt.fake_operands(config.sf_kind),
-        _env_stream(),
-        options=gemv_simt.compile_options(gpu_arch),
-    )
+    return _compile_on_stream(GemvSimtOnTorchStream(config), config.sf_kind, gpu_arch)
 
 
 @functools.lru_cache(maxsize=None)
 def compile_tma(config: gemv_tma.GemvTmaConfig, gpu_arch: str = ""):
     """`gemv_tma.compile`, launching on torch's current stream."""
-    return cute.compile(
-        GemvTmaOnTorchStream(config),
-        *gemv_simt.fake_operands("permuted"),
-        _env_stream(),
-        options=gemv_simt.compile_options(gpu_arch),
-    )
+    return _compile_on_stream(GemvTmaOnTorchStream(config), "permuted", gpu_arch)
 
 
 @functools.lru_cache(maxsize=None)
