@@ -140,7 +140,8 @@ def exact_gemv(data) -> tuple[torch.Tensor, torch.Tensor]:
 
 def check_fp32_bound(out: torch.Tensor, data, rtol: float = 1e-3, atol: float = 1e-3) -> tuple[bool, str]:
     """Check `out` (M, 1, L) against the exact sum, allowing the contest's tolerance plus the worst-case error of
-    any fp32 summation order of the K/16 exact block terms: |out - exact| <= atol + rtol·|exact| + (K/16)·2⁻²⁴·Σ|terms|.
+    any fp32 summation order of the K/16 exact block terms:
+    |out - exact| <= atol + rtol·|exact| + (K/16)·2⁻²⁴·Σ|terms|.
 
     The contest's own check compares against an fp32 reference, which carries such an error too: on full-range data
     (scales up to 448, sums that cancel), two correct kernels that add in different orders can differ by more than
