@@ -36,7 +36,7 @@ def test_notebook_runs_without_error_in_under_a_minute(executed):
 def test_notebook_draws_its_pictures(executed):
     nb, _ = executed
     pngs = [base64.b64decode(o.data["image/png"]) for o in outputs(nb) if "image/png" in o.get("data", {})]
-    assert len(pngs) >= 3  # the atom, the CTA map, the access patterns
+    assert len(pngs) >= 4  # the atom, the CTA map, the access patterns, the unit slices
     assert all(p[:8] == b"\x89PNG\r\n\x1a\n" and len(p) > 20_000 for p in pngs)
 
 
@@ -48,3 +48,5 @@ def test_notebook_prints_the_layout_numbers(executed):
     # 4 scale groups x 4 columns = 256 bytes, in 64-byte runs when permuted, one 16-byte row piece each when plain.
     assert "permuted: 256 bytes, 8 sectors, 4 contiguous runs" in text
     assert "plain: 256 bytes, 16 sectors, 16 contiguous runs" in text
+    # The TMA kernel's scale copies: every quarter's slice of every atom is one 128-byte run.
+    assert "unit slices: 2 blocks x 4 quarters x 32 groups, each 128 contiguous bytes" in text
