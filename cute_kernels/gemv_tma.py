@@ -70,6 +70,11 @@ def wait_parity(mbar_smem, parity, *, loc=None, ip=None) -> None:
     )
 
 
+def unit_coords(unit, units_per_batch):
+    """Work unit -> (batch, 128-row block, quarter); units run quarter-fastest, then blocks, then batches."""
+    return unit // units_per_batch, (unit % units_per_batch) // 4, unit % units_per_batch % 4
+
+
 @dataclass(frozen=True)
 class GemvTmaConfig:
     """The cache key of one compiled kernel."""
@@ -227,9 +232,7 @@ class GemvTma:
             policy = evict_first_policy() if const_expr(cfg.evict_first) else None
             it = Int32(0)
             for unit in cutlass.range(bidx, n_units, n_ctas):
-                bl = unit // units_per_batch
-                slab = (unit % units_per_batch) // 4
-                quarter = unit % units_per_batch % 4
+                bl, slab, quarter = unit_coords(unit, units_per_batch)
                 for kc in cutlass.range(n_chunks):
                     s = it % n_stages
                     wait_parity((mbar + n_stages + s).toint(), ((it // n_stages) % 2) ^ 1)
@@ -261,9 +264,7 @@ class GemvTma:
             sSFB32 = cute.recast_tensor(sSFB, Uint32)
             it = Int32(0)
             for unit in cutlass.range(bidx, n_units, n_ctas):
-                bl = unit // units_per_batch
-                slab = (unit % units_per_batch) // 4
-                quarter = unit % units_per_batch % 4
+                bl, slab, quarter = unit_coords(unit, units_per_batch)
                 acc.fill(0.0)
                 for kc in cutlass.range(n_chunks):
                     s = it % n_stages
