@@ -191,10 +191,11 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
     log(f"copy bandwidth: {bw / 1e12:.3f} TB/s")
     rows = []
     tc = torch_compile_baseline() if baselines else None
+    tma = tma_variants()
     for m, k, l in shapes:  # noqa: E741
         pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
         floor = floor_us(m, k, l, bw)
-        variants = [("nvfp4-gemv", custom_kernel)] + tma_variants()
+        variants = [("nvfp4-gemv", custom_kernel)] + tma
         if baselines:
             variants.append(("torch.compile dequant", tc))
             try:
@@ -217,7 +218,7 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
     return bw, rows
 
 
-def _on_permuted(compiled):
+def on_permuted(compiled):
     """A call taking the contest tuple, for a compiled kernel that takes (a, b, sfa_permuted, sfb_permuted, c)."""
     fn = compiled.__tvm_ffi_object__()
     return lambda d: fn(d[0], d[1], d[4], d[5], d[6])
@@ -232,9 +233,9 @@ def tma_variants():
 
     ctas = 2 * torch.cuda.get_device_properties(0).multi_processor_count
     return [
-        ("gemv_tma (not dispatched)", _on_permuted(torch_queue.compile_tma(gemv_tma.GemvTmaConfig(ctas=ctas)))),
+        ("gemv_tma (not dispatched)", on_permuted(torch_queue.compile_tma(gemv_tma.GemvTmaConfig(ctas=ctas)))),
         ("data path alone (gemv_tma, no math)",
-         _on_permuted(torch_queue.compile_tma(gemv_tma.GemvTmaConfig(ctas=ctas, decode=False)))),
+         on_permuted(torch_queue.compile_tma(gemv_tma.GemvTmaConfig(ctas=ctas, decode=False)))),
     ]
 
 
@@ -248,7 +249,7 @@ def sweep_simt_configs(shapes, configs, log=print):
     for m, k, l in shapes:  # noqa: E741
         pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
         for cfg in configs:
-            us = graph_time_us(_on_permuted(torch_queue.compile_simt(cfg)), pool)
+            us = graph_time_us(on_permuted(torch_queue.compile_simt(cfg)), pool)
             out[((m, k, l), cfg)] = us
             log(f"{m:>6} {k:>6} {l:>2}  warps={cfg.warps:<2} r_lanes={cfg.r_lanes} rows/thr={cfg.rows_per_thread} "
                 f"{us:8.2f} us")

@@ -134,13 +134,14 @@ def _tma(name):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("gemv_tma is built and measured for sm_90")
     from cute_kernels import gemv_tma, torch_queue
+    from submission.bench import on_permuted
 
-    fn = torch_queue.compile_tma(gemv_tma.GemvTmaConfig(**TMA_CONFIGS[name])).__tvm_ffi_object__()
+    fn = on_permuted(torch_queue.compile_tma(gemv_tma.GemvTmaConfig(**TMA_CONFIGS[name])))
 
     def run(data):
-        a, b, _, _, sfa_p, sfb_p, c = data
+        c = data[-1]
         c.fill_(float("nan"))
-        fn(a, b, sfa_p, sfb_p, c)
+        fn(data)
         torch.cuda.synchronize()
         return c.clone()
 
