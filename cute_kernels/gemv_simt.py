@@ -125,7 +125,8 @@ class GemvSimt:
 
         Measured on the H200 (2026-11-29): 0.3-0.8 µs faster than default-cached loads on the benchmark shapes. An
         L2 evict-first policy on these loads (cute_kernels.l2_policy) made every shape 2-7 µs slower, in graph and
-        contest timing alike."""
+        contest timing alike. `.L2::256B` and `.cs` loads were within 0.1 µs of this one, and `.nc` loads 2-4 µs
+        slower under contest timing (BENCHMARKS.md)."""
         atom = cute.make_copy_atom(
             cute.nvgpu.CopyG2ROp(),
             src.element_type,
@@ -213,6 +214,7 @@ class GemvSimt:
         # The loop is unrolled so that ptxas can issue the next step's loads before this step's math. Measured on
         # the H200 (2026-11-29): an explicit register double buffer (95 registers, 31% occupancy) and a 3-5 stage
         # per-thread cp.async ring in shared memory (smem-limited to 20 warps/SM) were both 10-25% slower.
+        # So was an L2 prefetch (`prefetch.global.L2`, one lane per line) of the pieces 1-4 steps ahead: 5-50%.
         piece_stride = self.warps * cfg.c_lanes
         piece0 = warp * cfg.c_lanes + c
         for st in cutlass.range(n_full, unroll=cfg.unroll):

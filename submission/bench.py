@@ -180,6 +180,22 @@ def quack_baseline(data):
     return fn, to_c
 
 
+STREAM_READ = "stream read of the same bytes"
+
+
+def stream_read_variant(nbytes: int, pool_bytes: int = POOL_BYTES):
+    """The practical roofline of a shape: `cute_kernels.stream_read` reading a flat buffer of `nbytes` (rounded down
+    to 16), rotated over a pool of more than `pool_bytes`. Returns (fn(buffer), pool)."""
+    from cute_kernels import stream_read
+
+    fn = stream_read.compile().__tvm_ffi_object__()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    out = torch.zeros(1, dtype=torch.uint32, device="cuda")
+    words = nbytes // 16 * 4
+    pool = [torch.zeros(words, dtype=torch.uint32, device="cuda") for _ in range(max(2, -(-pool_bytes // nbytes)))]
+    return (lambda buf: fn(buf, out, sms)), pool
+
+
 def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print):
     """Contest and graph timing of custom_kernel on each (m, k, l), beside the baselines, with the copy floor.
 
@@ -195,7 +211,7 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
     for m, k, l in shapes:  # noqa: E741
         pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
         floor = floor_us(m, k, l, bw)
-        variants = [("nvfp4-gemv", custom_kernel)] + tma
+        variants = [("nvfp4-gemv", custom_kernel)] + tma + [(STREAM_READ, None)]
         if baselines:
             variants.append(("torch.compile dequant", tc))
             try:
@@ -205,6 +221,8 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
                 log(f"quack baseline unavailable for {(m, k, l)}: {type(e).__name__}: {e}")
         for name, fn in variants:
             qpool = pool if name != "quack gemm_w4a16 nvfp4" else [pool[0]] * 2
+            if name == STREAM_READ:
+                fn, qpool = stream_read_variant(bytes_moved(m, k, l))
             row = {"m": m, "k": k, "l": l, "variant": name, "floor_us": floor}
             row["contest_us"] = contest_time_us(fn, qpool, iters)
             row["clean_flush_us"] = contest_time_us(fn, qpool, iters, flush="clean")

@@ -179,3 +179,29 @@ def test_tma_kernel_bit_identical_across_runs_and_nan_scales():
     assert torch.isnan(first).any()
     for _ in range(20):
         assert torch.equal(run(data).view(torch.int16), first.view(torch.int16))
+
+
+@pytest.mark.parametrize("nbytes", [16, 4096, 1 << 20, (33_071_104 // 16 + 3) * 16])
+def test_stream_read_reads_every_word(nbytes):
+    """The roofline kernel of `nvfp4-gemv bench` must read every 16-byte chunk: a buffer of zeros with the sentinel
+    in one word folds to the sentinel (and is stored) only if that word was loaded."""
+    from cute_kernels import stream_read
+
+    fn = stream_read.compile().__tvm_ffi_object__()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    buf = torch.zeros(nbytes // 4, dtype=torch.int32, device="cuda")
+    out = torch.zeros(1, dtype=torch.int32, device="cuda")
+
+    def read():
+        fn(buf.view(torch.uint32), out.view(torch.uint32), sms)
+        return out.item()
+
+    assert read() == 0
+    gen = torch.Generator().manual_seed(nbytes)
+    words = nbytes // 4
+    positions = {0, words - 1, words // 2} | set(torch.randint(0, words, (5,), generator=gen).tolist())
+    for pos in sorted(positions):
+        buf[pos] = stream_read.SENTINEL  # < 2**31: the same bits in int32
+        out.zero_()
+        assert read() == stream_read.SENTINEL, f"word {pos} of {words} was not read"
+        buf[pos] = 0

@@ -1,5 +1,5 @@
 """The CUDA-core kernels compiled on the CPU: PTX properties for sm_90a (the H200 build), the sm_100a variant, and
-the TMA-fed alternative (cute_kernels.gemv_tma).
+the TMA-fed alternative (cute_kernels.gemv_tma), and the streaming-read roofline kernel (cute_kernels.stream_read).
 
 The DSL assembles the PTX with its own ptxas for the target, so a successful sm_90a compile also proves that the
 kernel uses no instruction sm_90 lacks; the asserts below pin what the design depends on."""
@@ -27,11 +27,14 @@ def ptx_of(tmp_path_factory):
     def get(arch, gpu_arch, sf_kind="permuted", kernel="simt", **kw):
         key = (arch, gpu_arch, sf_kind, kernel, tuple(sorted(kw.items())))
         if key not in cache:
-            config = (f"g.GemvSimtConfig(arch={arch!r}, sf_kind={sf_kind!r}, " if kernel == "simt"
-                      else f"g.GemvTmaConfig(arch={arch!r}, ")
+            module, config = {
+                "simt": ("gemv_simt", f"g.GemvSimtConfig(arch={arch!r}, sf_kind={sf_kind!r}, "),
+                "tma": ("gemv_tma", f"g.GemvTmaConfig(arch={arch!r}, "),
+                "stream_read": ("stream_read", "g.StreamReadConfig("),
+            }[kernel]
             code = (
                 "import json, sys\n"
-                f"from cute_kernels import gemv_{kernel} as g\n"
+                f"from cute_kernels import {module} as g\n"
                 f"cfg = {config}**json.loads({json.dumps(json.dumps(kw))}))\n"
                 f"sys.stdout.write(g.compile(cfg, {gpu_arch!r}).__ptx__)\n"
             )
@@ -130,3 +133,16 @@ def test_tma_kernel_sm90a_ptx(ptx_of, kw):
     for sm100_only in (r"e2m1x2", r"tcgen05"):
         assert _count(ptx, sm100_only) == 0, sm100_only
     assert _count(ptx, r"\b(atom|red)\.") == 0
+
+
+@pytest.mark.parametrize("kw", [{}, {"unroll": 4, "load": "cs"}], ids=str)
+def test_stream_read_sm90a_ptx(ptx_of, kw):
+    """The roofline kernel: unrolled 128-bit loads with the chosen qualifiers, nothing else touching memory but
+    one guarded store."""
+    ptx = ptx_of("sm_90", "sm_90a", kernel="stream_read", **kw)
+    unroll = kw.get("unroll", 8)
+    qualifier = {"cs": r"\.cs", "no_allocate": r"\.L1::no_allocate"}[kw.get("load", "no_allocate")]
+    assert _count(ptx, rf"ld\.global{qualifier}\.v4\.b32") >= unroll + 1  # the unrolled body and the tail
+    assert _count(ptx, r"ld\.global") == _count(ptx, r"ld\.global\S*\.v4\.b32")
+    assert _count(ptx, r"st\.global") == 1
+    assert _count(ptx, r"ld\.local|st\.local|ld\.shared|st\.shared") == 0

@@ -1,0 +1,111 @@
+"""A pure streaming read: the time this GPU needs to read N bytes in one launch, with nothing else to do.
+
+This is the roofline a GEMV can reach in practice, measured rather than assumed: the benchmark times it on a flat
+buffer of exactly `shapes.bytes_moved(M, K, L)` bytes for each benchmark shape, under the same contest and graph
+timing as the GEMV. It is the ideal access pattern for DRAM: a grid-stride loop in which all threads of the grid
+together read one contiguous window with 128-bit loads, unrolled so that each thread has several loads in flight.
+
+The loaded words are XOR-folded, and a thread stores its fold only if it equals a value no test buffer produces, so
+the loads cannot be elided and nothing is written in practice.
+"""
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Uint32
+
+from cute_kernels.gemv_simt import compile_options
+
+SENTINEL = 0x5EEDFACE  # a fold equal to this is stored to out[0]
+
+# Cache qualifiers of the 128-bit loads (keyword arguments of the DSL's G2R copy atom). Measured on the H200
+# (2026-11-29, contest timing, this kernel and gemv_simt alike): `.L2::256B` and `.cs` within 0.2 µs of
+# `L1::no_allocate`, `.nc` 2-4 µs slower on every benchmark shape; in graph timing all within the spread.
+_NA = cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE
+LOAD_QUALIFIERS = {
+    "no_allocate": dict(l1c_evict_priority=_NA),  # ld.global.L1::no_allocate, as gemv_simt reads A
+    "no_allocate_256b": dict(l1c_evict_priority=_NA, l2_prefetch_size=cute.nvgpu.L2PrefetchSize.SIZE_256B),
+    "cs": dict(load_cache_mode=cute.nvgpu.LoadCacheMode.STREAMING),  # ld.global.cs: evict-first in L1 and L2
+    "nc": dict(invariant=True),  # ld.global.nc
+}
+
+
+
+@dataclass(frozen=True)
+class StreamReadConfig:
+    """The cache key of one compiled kernel."""
+
+    threads: int = 512  # threads per CTA
+    ctas_per_sm: int = 4  # grid = ctas_per_sm × SMs (the launch takes the SM count)
+    unroll: int = 8  # 16-byte loads in flight per thread
+    load: str = "no_allocate"  # the load's cache qualifiers: a key of LOAD_QUALIFIERS
+
+    def __post_init__(self):
+        if self.threads % 32 or not 32 <= self.threads <= 1024:
+            raise ValueError(f"threads must be a multiple of 32 in 32..1024, got {self.threads}")
+        if self.load not in LOAD_QUALIFIERS:
+            raise ValueError(f"load must be one of {tuple(LOAD_QUALIFIERS)}, got {self.load!r}")
+        if self.ctas_per_sm < 1 or self.unroll < 1:
+            raise ValueError(f"ctas_per_sm and unroll must be >= 1, got {self}")
+
+
+class StreamRead:
+    def __init__(self, config: StreamReadConfig):
+        self.cfg = config
+
+    @staticmethod
+    def can_implement(nbytes: int) -> bool:
+        """A positive multiple of 16 bytes whose 16-byte chunk count fits in an int32."""
+        return nbytes >= 16 and nbytes % 16 == 0 and nbytes // 16 < 2**31
+
+    @cute.jit
+    def __call__(self, mSrc: cute.Tensor, mOut: cute.Tensor, sms: Int32, stream):
+        n16 = mSrc.shape[0] // 4
+        chunks = cute.make_tensor(mSrc.iterator, cute.make_layout((4, n16), stride=(1, 4)))
+        self.kernel(chunks, mOut, n16).launch(
+            grid=[sms * self.cfg.ctas_per_sm, 1, 1], block=[self.cfg.threads, 1, 1], stream=stream
+        )
+
+    @cute.kernel
+    def kernel(self, chunks: cute.Tensor, out: cute.Tensor, n16: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        n_ctas, _, _ = cute.arch.grid_dim()
+        total = n_ctas * self.cfg.threads
+        g = bidx * self.cfg.threads + tidx
+        atom = cute.make_copy_atom(
+            cute.nvgpu.CopyG2ROp(),
+            Uint32,
+            num_bits_per_copy=128,
+            **LOAD_QUALIFIERS[self.cfg.load],
+        )
+        fold = Uint32(0)
+        n_full = n16 // total
+        for i in cutlass.range(n_full, unroll=self.cfg.unroll):
+            r = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+            cute.copy(atom, chunks[None, g + i * total], r)
+            fold = fold ^ r[0] ^ r[1] ^ r[2] ^ r[3]
+        j = g + n_full * total
+        if j < n16:
+            r = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+            cute.copy(atom, chunks[None, j], r)
+            fold = fold ^ r[0] ^ r[1] ^ r[2] ^ r[3]
+        if fold == Uint32(SENTINEL):
+            out[0] = fold
+
+
+@lru_cache(maxsize=None)
+def compile(config: StreamReadConfig = StreamReadConfig(), gpu_arch: str = ""):
+    """Compile once (dynamic N) for torch's current stream; the result takes (src uint32 tensor of N/4 words,
+    out uint32 tensor, SM count)."""
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+
+    n = cute.sym_int(divisibility=4)
+    src = make_fake_tensor(Uint32, (n,), stride=(1,), assumed_align=16)
+    out = make_fake_tensor(Uint32, (1,), stride=(1,), assumed_align=4)
+    return cute.compile(
+        StreamRead(config), src, out, Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
+        options=compile_options(gpu_arch),
+    )
