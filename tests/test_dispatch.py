@@ -61,3 +61,32 @@ def test_shapes_past_int32_indexing_are_refused_before_compiling():
 
 def test_the_contest_entry_compiles_on_the_default_queue():
     assert DEFAULT_QUEUE.simt is gemv_simt.compile and DEFAULT_QUEUE.tc is gemv_tc_sm100.gemv_tc_sm100
+
+
+def test_known_signature_calls_the_cached_kernel_and_names_a_refused_operand(monkeypatch):
+    """The per-call path: a signature seen before goes straight to its compiled function with the operands the
+    layout picks; if that function refuses them, the error is the validator's, naming the tensor."""
+    from submission import dispatch
+    from submission.reference import generate_input
+
+    d = generate_input(128, 256, 1, seed=0, device="cpu")
+    a, b, sfa, sfb, sfa_p, sfb_p, c = d
+    disp = Dispatcher(DEFAULT_QUEUE)
+    seen = []
+    disp.kernels[(a.shape, sfa_p.shape, "permuted")] = lambda *ops: seen.append(("permuted", ops))
+    disp.kernels[(a.shape, sfa.shape, "plain")] = lambda *ops: seen.append(("plain", ops))
+    assert disp(d) is c and disp(d, sf_kind="plain") is c
+    assert [kind for kind, _ in seen] == ["permuted", "plain"] and all(len(ops) == 5 for _, ops in seen)
+    assert all(x is y for x, y in zip(seen[0][1], (a, b, sfa_p, sfb_p, c)))
+    assert all(x is y for x, y in zip(seen[1][1], (a, b, sfa, sfb, c)))
+
+    def refuse(*ops):
+        raise RuntimeError("argument check failed")
+
+    disp.kernels[(a.shape, sfa_p.shape, "permuted")] = refuse
+    with pytest.raises(ValueError, match=r"^a: expected a CUDA device"):
+        disp(d)
+    # Operands the validator accepts: the kernel's own error is not swallowed.
+    monkeypatch.setattr(dispatch, "validate_inputs", lambda data, require_cuda: (128, 256, 1))
+    with pytest.raises(RuntimeError, match="argument check failed"):
+        disp(d)
