@@ -236,6 +236,24 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
     return bw, rows
 
 
+def profile_workload(shapes=None, repeats: int = 2):
+    """Launches to profile with ncu: for each shape, custom_kernel and the stream read of the same bytes, `repeats`
+    times each, each after a 1 GiB write that evicts the previous call's lines. BENCHMARKS.md gives the command."""
+    from submission.kernel import custom_kernel
+    from submission.reference import generate_input
+    from submission.shapes import BENCH_SHAPES
+
+    for m, k, l in shapes or [s.mkl for s in BENCH_SHAPES]:  # noqa: E741
+        data = generate_input(m, k, l, seed=1, device="cuda")
+        read, pool = stream_read_variant(bytes_moved(m, k, l), pool_bytes=0)
+        for _ in range(repeats):
+            for fn, arg in ((custom_kernel, data), (read, pool[0])):
+                torch.randn(1 << 28, device="cuda")
+                fn(arg)
+        torch.cuda.synchronize()
+        del data, pool
+
+
 def on_permuted(compiled):
     """A call taking the contest tuple, for a compiled kernel that takes (a, b, sfa_permuted, sfb_permuted, c)."""
     fn = compiled.__tvm_ffi_object__()
