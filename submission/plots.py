@@ -55,9 +55,12 @@ def roofline_png(rows, bandwidth: float, path, bandwidth_label: str = "", title:
             ax.plot(nb / 1e6, nb / bandwidth * 1e6, "ks", ms=4)
             ax.annotate(f"{m}x{k}x{l}", (nb / 1e6, nb / bandwidth * 1e6), textcoords="offset points",
                         xytext=(6, -12), fontsize=7)
-        for i, ((variant, timing), pts) in enumerate(sorted(series(rows).items())):
+        # One colour per variant, one marker per timing.
+        pts_by = series(rows)
+        colour = {v: f"C{i % 10}" for i, v in enumerate(sorted({v for v, _ in pts_by}))}
+        for (variant, timing), pts in sorted(pts_by.items()):
             marker = dict((lab, mk) for _, mk, lab in TIMINGS)[timing]
-            ax.plot([b / 1e6 for b, _ in pts], [t for _, t in pts], marker, color=f"C{i % 10}", ls="none",
+            ax.plot([b / 1e6 for b, _ in pts], [t for _, t in pts], marker, color=colour[variant], ls="none",
                     label=f"{variant} ({timing})")
         ax.set_xscale("log")
         ax.set_yscale("log")
