@@ -32,7 +32,6 @@ LOAD_QUALIFIERS = {
 }
 
 
-
 @dataclass(frozen=True)
 class StreamReadConfig:
     """The cache key of one compiled kernel."""

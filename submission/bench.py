@@ -188,6 +188,8 @@ def stream_read_variant(nbytes: int, pool_bytes: int = POOL_BYTES):
     to 16), rotated over a pool of more than `pool_bytes`. Returns (fn(buffer), pool)."""
     from cute_kernels import stream_read
 
+    if not stream_read.StreamRead.can_implement(nbytes // 16 * 16):
+        raise ValueError(f"stream read of {nbytes} bytes: {stream_read.StreamRead.can_implement.__doc__}")
     fn = stream_read.compile().__tvm_ffi_object__()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = torch.zeros(1, dtype=torch.uint32, device="cuda")
@@ -211,18 +213,17 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
     for m, k, l in shapes:  # noqa: E741
         pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
         floor = floor_us(m, k, l, bw)
-        variants = [("nvfp4-gemv", custom_kernel)] + tma + [(STREAM_READ, None)]
+        # (name, call, the inputs it rotates over)
+        variants = [("nvfp4-gemv", custom_kernel, pool)] + [(name, fn, pool) for name, fn in tma]
+        variants.append((STREAM_READ, *stream_read_variant(bytes_moved(m, k, l))))
         if baselines:
-            variants.append(("torch.compile dequant", tc))
+            variants.append(("torch.compile dequant", tc, pool))
             try:
                 qfn, _ = quack_baseline(pool[0])
-                variants.append(("quack gemm_w4a16 nvfp4", qfn))
+                variants.append(("quack gemm_w4a16 nvfp4", qfn, [pool[0]] * 2))  # its weights are prepared once
             except Exception as e:  # noqa: BLE001  (a missing or failing peer is reported, not fatal)
                 log(f"quack baseline unavailable for {(m, k, l)}: {type(e).__name__}: {e}")
-        for name, fn in variants:
-            qpool = pool if name != "quack gemm_w4a16 nvfp4" else [pool[0]] * 2
-            if name == STREAM_READ:
-                fn, qpool = stream_read_variant(bytes_moved(m, k, l))
+        for name, fn, qpool in variants:
             row = {"m": m, "k": k, "l": l, "variant": name, "floor_us": floor}
             row["contest_us"] = contest_time_us(fn, qpool, iters)
             row["clean_flush_us"] = contest_time_us(fn, qpool, iters, flush="clean")
@@ -231,7 +232,7 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
             log(f"{m:>6} {k:>6} {l:>2}  {name:<24} contest {row['contest_us']:8.2f} us  clean-flush "
                 f"{row['clean_flush_us']:8.2f} us  graph {row['graph_us']:8.2f} us  floor {floor:7.2f} us  "
                 f"x{row['contest_us'] / floor:5.2f}")
-        del pool
+        del pool, variants
         torch.cuda.empty_cache()
     return bw, rows
 

@@ -392,7 +392,7 @@ def _cmd_bench(args) -> int:
     geo_floor = _geomean(r["floor_us"] for r in rows if r["variant"] == "nvfp4-gemv")
     for name in ("nvfp4-gemv", STREAM_READ):
         geo = _geomean(r["contest_us"] for r in rows if r["variant"] == name)
-        if geo == geo:
+        if not math.isnan(geo):
             print(f"{name} geomean (contest timing): {geo:.2f} us = {geo / geo_floor:.2f} x floor ({geo_floor:.2f} us)")
     all_rows = floor_rows(shapes, bw, "measured copy") + rows
     write_csv(all_rows, out / "bench.csv")
