@@ -83,16 +83,20 @@ class StreamRead:
         fold = Uint32(0)
         n_full = n16 // total
         for i in cutlass.range(n_full, unroll=self.cfg.unroll):
-            r = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-            cute.copy(atom, chunks[None, g + i * total], r)
-            fold = fold ^ r[0] ^ r[1] ^ r[2] ^ r[3]
+            fold = self.fold_in(atom, chunks[None, g + i * total], fold)
         j = g + n_full * total
         if j < n16:
-            r = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-            cute.copy(atom, chunks[None, j], r)
-            fold = fold ^ r[0] ^ r[1] ^ r[2] ^ r[3]
+            fold = self.fold_in(atom, chunks[None, j], fold)
         if fold == Uint32(SENTINEL):
             out[0] = fold
+
+
+    @staticmethod
+    def fold_in(atom, chunk, fold):
+        """Load one 16-byte chunk with `atom` and XOR its four words into `fold`."""
+        r = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+        cute.copy(atom, chunk, r)
+        return fold ^ r[0] ^ r[1] ^ r[2] ^ r[3]
 
 
 @lru_cache(maxsize=None)
