@@ -20,18 +20,15 @@ The split that is fastest depends on K (submission/dispatch.py: SIMT_TABLE, meas
 """
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import cutlass
 import cutlass.cute as cute
-from cutlass.memory import SmemAllocator
 from cutlass import Float16, Float32, Int32, Uint8, Uint32, const_expr
 
 from cute_kernels import decode
-from layouts.sf_cute import sf_layout_by_col
+from cute_kernels.compile import SmemAllocator, gemv_fake_tensors, launch, load_atom
+from layouts.sf_cute import SF_KINDS, sf_layout_by_col
 
-ARCHS = ("sm_90", "sm_100")
-SF_KINDS = ("permuted", "plain")
 PIECE_K = 32  # K elements per thread per step: one 16-byte load of A
 PIECE_WORDS = PIECE_K // 8
 
@@ -40,7 +37,6 @@ PIECE_WORDS = PIECE_K // 8
 class GemvSimtConfig:
     """The cache key of one compiled kernel."""
 
-    arch: str = "sm_90"  # decode path: "sm_90" (prmt + dp4a) or "sm_100" (cvt e2m1x2 + fma f16x2)
     sf_kind: str = "permuted"  # layout of sfa and sfb: "permuted" (32,4,rest_m,4,rest_k,L) or "plain" (M,K/16,L)
     warps: int = 8  # warps per CTA, each on its own K windows
     r_lanes: int = 8  # lanes of a warp along r; the other 32 / r_lanes lanes take consecutive K pieces
@@ -48,8 +44,6 @@ class GemvSimtConfig:
     unroll: int = 2  # unroll of the K-step loop
 
     def __post_init__(self):
-        if self.arch not in ARCHS:
-            raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
         if self.sf_kind not in SF_KINDS:
             raise ValueError(f"sf_kind must be one of {SF_KINDS}, got {self.sf_kind!r}")
         if self.rows_per_thread not in (1, 2, 4):
@@ -73,9 +67,9 @@ class GemvSimtConfig:
 
 
 class GemvSimt:
-    def __init__(self, config: GemvSimtConfig):
+    def __init__(self, config: GemvSimtConfig, target):
         self.cfg = config
-        self.arch = config.arch
+        self.arch = target.family  # the decode path: "sm_90" (prmt + dp4a) or "sm_100" (cvt e2m1x2 + fma f16x2)
         self.warps = config.warps
         self.rr = config.rows_per_thread
         self.sf_padded = config.sf_kind == "permuted"  # every row of every 128-row slab exists in the buffer
@@ -86,12 +80,15 @@ class GemvSimt:
         kernel's index arithmetic): max(M, 128) · K/8 · L < 2³¹, i.e. A up to 8 GiB."""
         return m >= 1 and l >= 1 and k >= 64 and k % 64 == 0 and max(m, 128) * (k // 8) * l < 2**31
 
+    @staticmethod
+    def fake_operands(config: GemvSimtConfig):
+        return gemv_fake_tensors(config.sf_kind)
+
     @cute.jit
-    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSFA: cute.Tensor, mSFB: cute.Tensor, mC: cute.Tensor):
-        """Launch on the default CUDA queue, which is where the contest runs (cute_kernels.torch_queue launches on
-        torch's current one, for side queues and graph capture)."""
-        launcher, shape = self.build(mA, mB, mSFA, mSFB, mC)
-        launcher.launch(**shape)
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSFA: cute.Tensor, mSFB: cute.Tensor, mC: cute.Tensor,
+                 stream=None):
+        """Launch on `stream` (None: the default stream)."""
+        launch(*self.build(mA, mB, mSFA, mSFB, mC), stream=stream)
 
     @cute.jit
     def build(self, mA, mB, mSFA, mSFB, mC):
@@ -123,16 +120,9 @@ class GemvSimt:
     def load_once(self, src: cute.Tensor, dst: cute.Tensor):
         """A 128-bit load of data read exactly once (A and its scales), with L1::no_allocate so L1 keeps b.
 
-        Measured on the H200 (2026-11-29): 0.3-0.8 µs faster than default-cached loads on the benchmark shapes. An
-        L2 evict-first policy on these loads (cute_kernels.l2_policy) made every shape 2-7 µs slower, in graph and
-        contest timing alike. `.L2::256B` and `.cs` loads were within 0.1 µs of this one, and `.nc` loads 2-4 µs
-        slower under contest timing (BENCHMARKS.md)."""
-        atom = cute.make_copy_atom(
-            cute.nvgpu.CopyG2ROp(),
-            src.element_type,
-            num_bits_per_copy=128,
-            l1c_evict_priority=cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE,
-        )
+        Chosen over default-cached loads, an L2 evict-first policy, `.L2::256B`, `.cs` and `.nc` loads, all measured
+        on the H200 (BENCHMARKS.md, "Load qualifiers"). A DSL without CopyG2ROp (4.3) issues it default-cached."""
+        atom = load_atom(src.element_type, 128, l1_no_allocate=True)
         if const_expr(cute.rank(src) == 2):
             # The (q, jj) scale slice (4,4):(4,1) is one contiguous 16-byte run: jj-major, then one mode.
             src = cute.make_tensor(src.iterator, cute.coalesce(cute.select(src.layout, mode=[1, 0])))
@@ -247,47 +237,3 @@ class GemvSimt:
                 s = s + red[tidx, w]
             if row < m:
                 c_ml[row, bidl] = s.to(Float16)
-
-
-def fake_operands(sf_kind: str):
-    """Fake tensors with dynamic M, K, L and the contest's strides, for one compile that serves every shape."""
-    from cutlass.cute.runtime import make_fake_tensor
-
-    m = cute.sym_int()
-    k = cute.sym_int(divisibility=64)
-    l = cute.sym_int()
-    fp4 = cutlass.Float4E2M1FN
-    a = make_fake_tensor(fp4, (m, k, l), stride=(k, 1, cute.sym_int(divisibility=64)), assumed_align=16)
-    b = make_fake_tensor(fp4, (128, k, l), stride=(k, 1, cute.sym_int(divisibility=64)), assumed_align=16)
-    e4m3 = cutlass.Float8E4M3FN
-    if sf_kind == "permuted":
-        rm, rk = cute.sym_int(), cute.sym_int()
-        sfa = make_fake_tensor(
-            e4m3,
-            (32, 4, rm, 4, rk, l),
-            stride=(16, 4, cute.sym_int(divisibility=512), 1, 512, cute.sym_int(divisibility=512)),
-            assumed_align=16,
-        )
-        sfb = make_fake_tensor(
-            e4m3,
-            (32, 4, 1, 4, rk, l),
-            stride=(16, 4, cute.sym_int(divisibility=512), 1, 512, cute.sym_int(divisibility=512)),
-            assumed_align=16,
-        )
-    else:
-        kc = cute.sym_int(divisibility=4)
-        sfa = make_fake_tensor(e4m3, (m, kc, l), stride=(kc, 1, cute.sym_int(divisibility=4)), assumed_align=16)
-        sfb = make_fake_tensor(e4m3, (128, kc, l), stride=(kc, 1, cute.sym_int(divisibility=4)), assumed_align=16)
-    c = make_fake_tensor(Float16, (m, 1, l), stride=(1, 1, m), assumed_align=16)
-    return a, b, sfa, sfb, c
-
-
-def compile_options(gpu_arch: str = "") -> str:
-    return "--enable-tvm-ffi" + (f" --gpu-arch {gpu_arch}" if gpu_arch else "")
-
-
-@lru_cache(maxsize=None)
-def compile(config: GemvSimtConfig, gpu_arch: str = ""):
-    """Compile once per config on fake tensors (dynamic M, K, L); the result takes torch tensors through TVM-FFI
-    (a, b, scales of A, scales of b, c) and launches on the default CUDA queue. gpu_arch "" means this GPU."""
-    return cute.compile(GemvSimt(config), *fake_operands(config.sf_kind), options=compile_options(gpu_arch))

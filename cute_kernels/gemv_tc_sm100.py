@@ -28,7 +28,6 @@ balanced 48.4 K tiles). The extra arguments of the compiled function are its wor
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import cutlass
@@ -36,13 +35,16 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.blackwell_helpers as sm100_utils
 import cutlass.utils.blockscaled_layout as blockscaled_utils
-from cutlass.cute.nvgpu import OperandMajorMode, cpasync, tcgen05
-from cutlass.memory import SmemAllocator, TmemAllocator
+from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from cute_kernels import tile_scheduler as ts
+from cute_kernels.compile import (
+    OperandMajorMode, SmemAllocator, atomic_add_acq_rel_gpu, blockscaled_gemm, blockscaled_tiled_mma, launch,
+    load_relaxed_gpu_f32, member_ptr, tmem_allocator,
+)
 from layouts import sf_cute
+from layouts.sf_cute import SF_VEC
 
-SF_VEC = 16  # fp4 elements per e4m3 scale
 MMA_K = 64  # K of one kind::mxf4nvf4 MMA
 TILE_M = ts.TILE_M
 SM100_SMEM_BYTES = 232448
@@ -74,7 +76,11 @@ class GemvTcSm100:
     mma_warp = 4
     tma_warp = 5
 
-    def __init__(self, config: GemvTcSm100Config = GemvTcSm100Config()):
+    def __init__(self, config: GemvTcSm100Config, target):
+        if target.family != "sm_100":
+            raise ValueError(
+                f"gemv_tc_sm100 needs tcgen05 block-scaled MMAs (sm_100a); cannot compile for {target.gpu_arch}"
+            )
         assert config.tile_k % MMA_K == 0 and config.mma_n % 8 == 0 and 8 <= config.mma_n <= 256
         assert config.smem_bytes() <= SM100_SMEM_BYTES, "shared-memory ring too large"
         assert config.mma_n * config.acc_stages <= SF_TMEM_COL, "accumulators overlap the scales in TMEM"
@@ -90,8 +96,7 @@ class GemvTcSm100:
 
     def _make_tiled_mmas(self):
         def make(n):
-            return sm100_utils.make_blockscaled_trivial_tiled_mma(
-                cutlass.Float4E2M1FN,
+            return blockscaled_tiled_mma(
                 cutlass.Float4E2M1FN,
                 OperandMajorMode.K,
                 OperandMajorMode.K,
@@ -102,6 +107,32 @@ class GemvTcSm100:
             )
 
         return make(self.config.mma_n), make(128)
+
+    @staticmethod
+    def fake_operands(config: GemvTcSm100Config):
+        """Fake (a, b, sfa, sfb, c, partial, arrival, num_ctas) with dynamic M, K, L and b's row count."""
+        m, k, l = cute.sym_int(), cute.sym_int(divisibility=MMA_K), cute.sym_int()  # noqa: E741
+        args = fake_arguments(m, k, l, rows_b=cute.sym_int(), rest_m=cute.sym_int(), rest_k=cute.sym_int())
+        return (*args, cutlass.Int32(SM100_NUM_SMS))
+
+    @staticmethod
+    def fake_pointer_extras(config: GemvTcSm100Config):
+        """The workspace arguments of the pointer call path: partial (fp32), arrival (int32), num_ctas."""
+        from cutlass.cute.runtime import make_ptr
+
+        gmem = cute.AddressSpace.gmem
+        return (
+            make_ptr(cutlass.Float32, 16, gmem, assumed_align=16),
+            make_ptr(cutlass.Int32, 16, gmem, assumed_align=4),
+            cutlass.Int32(SM100_NUM_SMS),
+        )
+
+    @cute.jit
+    def extra_views(self, m, l, pPartial, pArrival, num_ctas):  # noqa: E741
+        """The workspace as tensors, from the pointer call path's raw pointers: (partial, arrival, num_ctas)."""
+        partial = cute.make_tensor(pPartial, cute.make_layout(ts.workspace_elems(num_ctas)))
+        arrival = cute.make_tensor(pArrival, cute.make_layout(ts.num_output_tiles(m, l)))
+        return partial, arrival, num_ctas
 
     @cute.jit
     def __call__(
@@ -114,10 +145,10 @@ class GemvTcSm100:
         mPartial: cute.Tensor,
         mArrival: cute.Tensor,
         num_ctas: cutlass.Int32,
+        stream=None,
     ):
-        """Launch on the default CUDA queue (cute_kernels.torch_queue launches on torch's current one)."""
-        launcher, shape = self.build(mA, mB, mSFA, mSFB, mC, mPartial, mArrival, num_ctas)
-        launcher.launch(**shape)
+        """Launch on `stream` (None: the default stream)."""
+        launch(*self.build(mA, mB, mSFA, mSFB, mC, mPartial, mArrival, num_ctas), stream=stream)
 
     @cute.jit
     def build(self, mA, mB, mSFA, mSFB, mC, mPartial, mArrival, num_ctas):
@@ -234,8 +265,8 @@ class GemvTcSm100:
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
             consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 32 * self.epi_warps),
         )
-        tmem = TmemAllocator(
-            storage.tmem_base.ptr,
+        tmem = tmem_allocator()(
+            member_ptr(storage.tmem_base),
             barrier_for_retrieve=pipeline.NamedBarrier(barrier_id=1, num_threads=32 * (self.epi_warps + 1)),
             allocator_warp_id=0,
         )
@@ -351,12 +382,13 @@ class GemvTcSm100:
                     cute.copy(s2t_sfa, tCsSFA_s2t[(None, None, None, None, s)], tCtSFA_s2t)
                     cute.copy(s2t_sfb, tCsSFB_s2t[(None, None, None, None, s)], tCtSFB_s2t)
                     for kb in cutlass.range_constexpr(self.num_kblocks):
-                        cute.gemm(
+                        blockscaled_gemm(
                             tiled_mma,
                             tCtAcc,
-                            [tCrA[(None, None, kb, s)], tCtSFA[(None, None, kb)]],
-                            [tCrB[(None, None, kb, s)], tCtSFB[(None, None, kb)]],
-                            tCtAcc,
+                            tCrA[(None, None, kb, s)],
+                            tCtSFA[(None, None, kb)],
+                            tCrB[(None, None, kb, s)],
+                            tCtSFB[(None, None, kb)],
                         )
                         tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
                     ab_pipe.consumer_release(ab_state)
@@ -383,7 +415,7 @@ class GemvTcSm100:
             tTR_tAcc = thr_t2r.partition_S(tAcc)  # (T2R, T2R_M, T2R_N, STAGE)
             tTR_cAcc = thr_t2r.partition_D(cute.make_identity_tensor(self.mma_tiler[:2]))
             tTR_rAcc = cute.make_rmem_tensor(tTR_cAcc.shape, cutlass.Float32)
-            sArrival = cute.make_tensor(storage.arrival.ptr, cute.make_layout(1))
+            sArrival = cute.make_tensor(member_ptr(storage.arrival), cute.make_layout(1))
 
             acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.acc_stages)
             w = w_begin
@@ -419,11 +451,8 @@ class GemvTcSm100:
                     cute.arch.fence_acq_rel_gpu()
                     epi_barrier.arrive_and_wait()
                     if tidx == 0:
-                        old = cute.arch.atomic_add(
-                            (mArrival.iterator + cutlass.Int32(tile)).llvm_ptr,
-                            cutlass.Int32(1),
-                            sem="acq_rel",
-                            scope="gpu",
+                        old = atomic_add_acq_rel_gpu(
+                            (mArrival.iterator + cutlass.Int32(tile)).llvm_ptr, cutlass.Int32(1)
                         )
                         sArrival[0] = old
                     epi_barrier.arrive_and_wait()
@@ -438,9 +467,7 @@ class GemvTcSm100:
                             c64 = cutlass.Int64(c)
                             c_slot = ts.partial_slot(c64, tile, k_tiles, G, total, cutlass.min)
                             idx = cutlass.Int32(ts.partial_offset(c64, c_slot, cutlass.Int64(row)))
-                            total_acc = total_acc + cute.arch.load(
-                                (mPartial.iterator + idx).llvm_ptr, cutlass.Float32, sem="relaxed", scope="gpu"
-                            )
+                            total_acc = total_acc + load_relaxed_gpu_f32((mPartial.iterator + idx).llvm_ptr)
                         if row_g < m:
                             mC_mnl[row_g, 0, li] = total_acc.to(cutlass.Float16)
                         if tidx == 0:
@@ -470,38 +497,6 @@ class GemvTcSm100:
         return tiled, src, thr.partition_D(tCtSF)
 
 
-def compile(config: GemvTcSm100Config = GemvTcSm100Config()):
-    """The sm_100a kernel for `config`, compiled once (dynamic M, K, L) and kept; see `compile_for`."""
-    return _compile_cached(config)
-
-
-@functools.lru_cache(maxsize=None)
-def _compile_cached(config: GemvTcSm100Config):
-    return compile_for(config)
-
-
-def compile_for(config: GemvTcSm100Config = GemvTcSm100Config(), arch: str = "sm_100a", extra_options: str = "",
-                kernel_cls=None, extra_args=()):
-    """Compile for dynamic M, K, L; the result takes torch tensors (TVM-FFI) and launches on the default queue.
-
-    Arguments of the compiled function: a (M, K/2, L) fp4x2, b (rows, K/2, L) fp4x2, sfa_permuted,
-    sfb_permuted (CONTRACT.md), c (M, 1, L) fp16, partial fp32 (>= workspace_elems(num_ctas)),
-    arrival int32 (>= M tiles * L, zero before the first call; the kernel leaves it zero), num_ctas.
-    `extra_options` is appended to the compile options (e.g. "--keep-ptx --dump-dir=DIR"). `kernel_cls` (a
-    subclass) and `extra_args` (its extra fake arguments) let cute_kernels.torch_queue reuse this.
-    """
-    if not arch.startswith("sm_10"):
-        raise ValueError(
-            f"gemv_tc_sm100 needs tcgen05 block-scaled MMAs (sm_100a family); cannot compile for {arch}"
-        )
-    m, k, l = cute.sym_int(), cute.sym_int(divisibility=MMA_K), cute.sym_int()
-    args = fake_arguments(m, k, l, rows_b=cute.sym_int(), rest_m=cute.sym_int(), rest_k=cute.sym_int())
-    return cute.compile(
-        (kernel_cls or GemvTcSm100)(config), *args, cutlass.Int32(SM100_NUM_SMS), *extra_args,
-        options=f"--enable-tvm-ffi --gpu-arch {arch} {extra_options}".strip(),
-    )
-
-
 def fake_arguments(m, k, l, rows_b=128, rest_m=None, rest_k=None, num_ctas=SM100_NUM_SMS):
     """Fake tensors (a, b, sfa, sfb, c, partial, arrival) with CONTRACT.md's shapes and strides.
 
@@ -526,53 +521,3 @@ def fake_arguments(m, k, l, rows_b=128, rest_m=None, rest_k=None, num_ctas=SM100
             cutlass.Int32, (ts.num_output_tiles(m, l) if isinstance(m, int) else cute.sym_int(),), assumed_align=4
         ),
     )
-
-
-class _Workspace:
-    """Per-device fp32 partials and int32 arrival counters; the kernel returns the counters to zero."""
-
-    def __init__(self):
-        self.partial = None
-        self.arrival = None
-
-    def get(self, device, num_ctas: int, num_tiles: int):
-        import torch
-
-        need_p = ts.workspace_elems(num_ctas)
-        if self.partial is None or self.partial.numel() < need_p or self.partial.device != device:
-            self.partial = torch.empty(need_p, dtype=torch.float32, device=device)
-        if self.arrival is None or self.arrival.numel() < num_tiles or self.arrival.device != device:
-            self.arrival = torch.zeros(num_tiles, dtype=torch.int32, device=device)
-        return self.partial, self.arrival
-
-
-@functools.lru_cache(maxsize=None)
-def _device_state(device_index: int):
-    import torch
-
-    num_sms = torch.cuda.get_device_properties(device_index).multi_processor_count
-    return num_sms, _Workspace()
-
-
-def gemv_tc_sm100(a, b, sfa_permuted, sfb_permuted, c, config: GemvTcSm100Config = GemvTcSm100Config(),
-                  launcher=None):
-    """c[:, 0, l] = A[:, :, l] @ b[0, :, l] with NVFP4 block scales (CONTRACT.md inputs); returns c.
-
-    One launch, of `launcher` (a raw compiled function; default: this module's, on the default CUDA queue).
-    Concurrent calls on one device share the workspace and must not overlap.
-    """
-    m, k2, l = a.shape
-    k = 2 * k2
-    if not GemvTcSm100.can_implement(m, k, l):
-        raise ValueError(f"gemv_tc_sm100: unsupported shape (M, K, L) = ({m}, {k}, {l}); K must be a multiple of 64")
-    num_sms, workspace = _device_state(a.device.index if a.device.index is not None else 0)
-    num_ctas = ts.choose_num_ctas(m, k, l, num_sms, config.tile_k)
-    partial, arrival = workspace.get(a.device, num_ctas, ts.num_output_tiles(m, l))
-    (launcher or _launcher(config))(a, b, sfa_permuted, sfb_permuted, c, partial, arrival, num_ctas)
-    return c
-
-
-@functools.lru_cache(maxsize=None)
-def _launcher(config: GemvTcSm100Config):
-    # The raw positional TVM-FFI function skips 4.8.1's Python kwargs shim (NVIDIA/cutlass issue 3527).
-    return compile(config).__tvm_ffi_object__()

@@ -30,19 +30,17 @@ An L2 evict-first policy on A's copies (`cute_kernels.l2_policy`) made the conte
 """
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32, Int64, Uint8, Uint32, const_expr
 from cutlass.cute.nvgpu import cpasync
-from cutlass.memory import SmemAllocator
 from cutlass.cutlass_dsl import dsl_user_op
 
 from cute_kernels import decode
 from cute_kernels.ptx import inline_ptx
 from cute_kernels.l2_policy import evict_first_policy
-from cute_kernels.gemv_simt import compile_options, fake_operands
+from cute_kernels.compile import SmemAllocator, gemv_fake_tensors, launch
 from layouts.sf_cute import sf_unit_slices
 
 UNIT_RR = 8  # rr values per work unit; a unit is UNIT_RR × 4 rows
@@ -80,7 +78,6 @@ def unit_coords(unit, units_per_batch):
 class GemvTmaConfig:
     """The cache key of one compiled kernel."""
 
-    arch: str = "sm_90"  # decode path, as in gemv_simt: "sm_90" (prmt + dp4a) or "sm_100" (cvt e2m1x2)
     pieces: int = 1  # 32-element pieces per lane and row in a stage; a stage holds 1024·pieces K elements
     stages: int = 4  # depth of the shared-memory ring (77 KB of shared memory at 4 stages of 1 piece)
     ctas: int = 264  # persistent grid of this many CTAs (H200: 132 SMs × 2); 0: one CTA per unit
@@ -88,8 +85,6 @@ class GemvTmaConfig:
     decode: bool = True  # False: move every byte but skip the math (c gets zeros): the data path's own rate
 
     def __post_init__(self):
-        if self.arch not in ("sm_90", "sm_100"):
-            raise ValueError(f"arch must be 'sm_90' or 'sm_100', got {self.arch!r}")
         if self.pieces not in (1, 2):
             raise ValueError(f"pieces must be 1 or 2, got {self.pieces}")
         if not 2 <= self.stages <= 8:
@@ -103,9 +98,9 @@ class GemvTmaConfig:
 
 
 class GemvTma:
-    def __init__(self, config: GemvTmaConfig):
+    def __init__(self, config: GemvTmaConfig, target):
         self.cfg = config
-        self.arch = config.arch
+        self.arch = target.family  # decode path, as in gemv_simt
 
     @staticmethod
     def can_implement(m: int, k: int, l: int) -> bool:
@@ -113,11 +108,15 @@ class GemvTma:
         ceil(M/128)·128 · K/16 · L < 2³¹ (A up to 8 GiB)."""
         return m >= 1 and l >= 1 and k >= 64 and k % 64 == 0 and -(-m // 128) * 128 * (k // 16) * l < 2**31
 
+    @staticmethod
+    def fake_operands(config: GemvTmaConfig):
+        return gemv_fake_tensors("permuted")
+
     @cute.jit
-    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSFA: cute.Tensor, mSFB: cute.Tensor, mC: cute.Tensor):
-        """Launch on the default CUDA queue (cute_kernels.torch_queue follows torch's current one)."""
-        launcher, shape = self.build(mA, mB, mSFA, mSFB, mC)
-        launcher.launch(**shape)
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSFA: cute.Tensor, mSFB: cute.Tensor, mC: cute.Tensor,
+                 stream=None):
+        """Launch on `stream` (None: the default stream)."""
+        launch(*self.build(mA, mB, mSFA, mSFB, mC), stream=stream)
 
     @cute.jit
     def build(self, mA, mB, mSFA, mSFB, mC):
@@ -306,10 +305,3 @@ class GemvTma:
                 row = slab * 128 + q * 32 + quarter * UNIT_RR + 2 * pair + i
                 if lane == 0 and row < m:
                     c_ml[row, bl] = v.to(Float16)
-
-
-@lru_cache(maxsize=None)
-def compile(config: GemvTmaConfig, gpu_arch: str = ""):
-    """Compile once per config on fake tensors (dynamic M, K, L, permuted scales); the result takes torch tensors
-    through TVM-FFI (a, b, sfa_permuted, sfb_permuted, c) and launches on the default CUDA queue."""
-    return cute.compile(GemvTma(config), *fake_operands("permuted"), options=compile_options(gpu_arch))

@@ -10,13 +10,12 @@ the loads cannot be elided and nothing is written in practice.
 """
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
-from cute_kernels.gemv_simt import compile_options
+from cute_kernels.compile import launch, load_atom
 
 SENTINEL = 0x5EEDFACE  # a fold equal to this is stored to out[0]
 
@@ -51,7 +50,7 @@ class StreamReadConfig:
 
 
 class StreamRead:
-    def __init__(self, config: StreamReadConfig):
+    def __init__(self, config: StreamReadConfig, target=None):
         self.cfg = config
 
     @staticmethod
@@ -59,13 +58,22 @@ class StreamRead:
         """A positive multiple of 16 bytes whose 16-byte chunk count fits in an int32."""
         return nbytes >= 16 and nbytes % 16 == 0 and nbytes // 16 < 2**31
 
+    @staticmethod
+    def fake_operands(config: StreamReadConfig):
+        """(src uint32 tensor of N/4 words, out uint32 tensor, SM count), dynamic N."""
+        from cutlass.cute.runtime import make_fake_tensor
+
+        n = cute.sym_int(divisibility=4)
+        src = make_fake_tensor(Uint32, (n,), stride=(1,), assumed_align=16)
+        out = make_fake_tensor(Uint32, (1,), stride=(1,), assumed_align=4)
+        return src, out, Int32(1)
+
     @cute.jit
-    def __call__(self, mSrc: cute.Tensor, mOut: cute.Tensor, sms: Int32, stream):
+    def __call__(self, mSrc: cute.Tensor, mOut: cute.Tensor, sms: Int32, stream=None):
         n16 = mSrc.shape[0] // 4
         chunks = cute.make_tensor(mSrc.iterator, cute.make_layout((4, n16), stride=(1, 4)))
-        self.kernel(chunks, mOut, n16).launch(
-            grid=[sms * self.cfg.ctas_per_sm, 1, 1], block=[self.cfg.threads, 1, 1], stream=stream
-        )
+        shape = dict(grid=[sms * self.cfg.ctas_per_sm, 1, 1], block=[self.cfg.threads, 1, 1])
+        launch(self.kernel(chunks, mOut, n16), shape, stream=stream)
 
     @cute.kernel
     def kernel(self, chunks: cute.Tensor, out: cute.Tensor, n16: Int32):
@@ -74,12 +82,7 @@ class StreamRead:
         n_ctas, _, _ = cute.arch.grid_dim()
         total = n_ctas * self.cfg.threads
         g = bidx * self.cfg.threads + tidx
-        atom = cute.make_copy_atom(
-            cute.nvgpu.CopyG2ROp(),
-            Uint32,
-            num_bits_per_copy=128,
-            **LOAD_QUALIFIERS[self.cfg.load],
-        )
+        atom = load_atom(Uint32, 128, **LOAD_QUALIFIERS[self.cfg.load])
         fold = Uint32(0)
         n_full = n16 // total
         for i in cutlass.range(n_full, unroll=self.cfg.unroll):
@@ -97,18 +100,3 @@ class StreamRead:
         r = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
         cute.copy(atom, chunk, r)
         return fold ^ r[0] ^ r[1] ^ r[2] ^ r[3]
-
-
-@lru_cache(maxsize=None)
-def compile(config: StreamReadConfig = StreamReadConfig(), gpu_arch: str = ""):
-    """Compile once (dynamic N) for torch's current stream; the result takes (src uint32 tensor of N/4 words,
-    out uint32 tensor, SM count)."""
-    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
-
-    n = cute.sym_int(divisibility=4)
-    src = make_fake_tensor(Uint32, (n,), stride=(1,), assumed_align=16)
-    out = make_fake_tensor(Uint32, (1,), stride=(1,), assumed_align=4)
-    return cute.compile(
-        StreamRead(config), src, out, Int32(1), make_fake_stream(use_tvm_ffi_env_stream=True),
-        options=compile_options(gpu_arch),
-    )

@@ -23,7 +23,7 @@ ATOM_SF_COLS = 4
 ATOM_K = ATOM_SF_COLS * SF_VEC  # 64
 ATOM_BYTES = ATOM_ROWS * ATOM_SF_COLS  # 512
 
-LAYOUT_KINDS = ("permuted", "plain")
+SF_KINDS = ("permuted", "plain")  # the two scale buffers every kernel reads: the contest's 32x4x4 atoms, row-major
 UNIT_SLICE_BYTES = 128  # one quarter's bytes of one atom: rows 8u..8u+7 (all four 32-row groups), 4 columns
 
 
@@ -65,7 +65,7 @@ def _by_col_stride(kind, m, k):
     if kind == "plain":
         kc = _multiple(k // SF_VEC, ATOM_SF_COLS)  # k % 64 == 0
         return ((kc, 32 * kc, ATOM_ROWS * kc), (1, ATOM_SF_COLS), m * kc)
-    raise ValueError(f"sf layout kind must be one of {LAYOUT_KINDS}, got {kind!r}")
+    raise ValueError(f"sf layout kind must be one of {SF_KINDS}, got {kind!r}")
 
 
 def _unit_slices_stride(m, k):
@@ -107,23 +107,14 @@ def sf_layout_permuted_mkl(m, k, l):
     buffer. The same function as CUTLASS's ``tile_atom_to_shape_SF((m, k, l), 16)``.
     """
     rest_m, rest_k = _rest_m(m), _rest_k(k)
-    atom = sf_atom()
-    grid_stride = _atom_grid_stride(rest_m, rest_k)
-    # A blocked product of the atom with the (rest_m, rest_k, l) atom grid, written as mode-wise concatenation:
-    # mode i = (atom mode i, grid mode i), grid strides in units of one atom. cute.blocked_product gives the same
-    # layout, but its complement step dies with SIGFPE inside the DSL (4.8.1) once the atom is not injective,
-    # which the stride-mutation test needs to survive.
-    grid = [
-        cute.make_layout(n, stride=_multiple(ATOM_BYTES * s, ATOM_BYTES))
-        for n, s in zip((rest_m, rest_k, l), grid_stride)
-    ]
-    return cute.make_layout(
-        [
-            cute.make_layout([cute.get(atom, mode=[0]), grid[0]]),
-            cute.make_layout([cute.get(atom, mode=[1]), grid[1]]),
-            cute.make_layout([cute.make_layout(1, stride=0), grid[2]]),  # (1, l): the atom has no batch mode
-        ]
-    )
+    # A blocked product of the atom with the (rest_m, rest_k, l) atom grid, written mode by mode: mode i = (atom mode
+    # i, grid mode i), grid strides in units of one atom. cute.blocked_product gives the same layout, but its
+    # complement step dies with SIGFPE inside the DSL (4.8.1) once the atom is not injective, which the
+    # stride-mutation test needs to survive; concatenating layouts with make_layout needs DSL 4.8.
+    (row_stride, k_stride) = _atom_stride()
+    grid = [_multiple(ATOM_BYTES * s, ATOM_BYTES) for s in _atom_grid_stride(rest_m, rest_k)]
+    shape = (((32, 4), rest_m), ((SF_VEC, ATOM_SF_COLS), rest_k), (1, l))
+    return cute.make_layout(shape, stride=((row_stride, grid[0]), (k_stride, grid[1]), (0, grid[2])))
 
 
 def sf_layout_by_col(kind, m, k, l):

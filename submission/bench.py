@@ -190,7 +190,7 @@ def stream_read_variant(nbytes: int, pool_bytes: int = POOL_BYTES):
 
     if not stream_read.StreamRead.can_implement(nbytes // 16 * 16):
         raise ValueError(f"stream read of {nbytes} bytes: {stream_read.StreamRead.can_implement.__doc__}")
-    fn = stream_read.compile().__tvm_ffi_object__()
+    fn = on_torch_stream(stream_read.StreamRead, stream_read.StreamReadConfig())
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = torch.zeros(1, dtype=torch.uint32, device="cuda")
     words = nbytes // 16 * 4
@@ -255,9 +255,16 @@ def profile_workload(shapes=None, repeats: int = 2):
         del data, pool
 
 
-def on_permuted(compiled):
-    """A call taking the contest tuple, for a compiled kernel that takes (a, b, sfa_permuted, sfb_permuted, c)."""
-    fn = compiled.__tvm_ffi_object__()
+def on_torch_stream(kernel_cls, config):
+    """The raw TVM-FFI function of `kernel_cls(config)` for this GPU, launching on torch's current stream."""
+    from cute_kernels.compile import compile_kernel, raw_function, target
+
+    tgt = target(torch.cuda.get_device_capability())
+    return raw_function(compile_kernel(kernel_cls, config, tgt, stream="torch"))
+
+
+def on_permuted(fn):
+    """A call taking the contest tuple, for a function that takes (a, b, sfa_permuted, sfb_permuted, c)."""
     return lambda d: fn(d[0], d[1], d[4], d[5], d[6])
 
 
@@ -266,27 +273,27 @@ def tma_variants():
     its math off, which moves the same bytes and gives the rate of that data path alone."""
     if torch.cuda.get_device_capability()[0] != 9:
         return []
-    from cute_kernels import gemv_tma, torch_queue
+    from cute_kernels.gemv_tma import GemvTma, GemvTmaConfig
 
     ctas = 2 * torch.cuda.get_device_properties(0).multi_processor_count
     return [
-        ("gemv_tma (not dispatched)", on_permuted(torch_queue.compile_tma(gemv_tma.GemvTmaConfig(ctas=ctas)))),
+        ("gemv_tma (not dispatched)", on_permuted(on_torch_stream(GemvTma, GemvTmaConfig(ctas=ctas)))),
         ("data path alone (gemv_tma, no math)",
-         on_permuted(torch_queue.compile_tma(gemv_tma.GemvTmaConfig(ctas=ctas, decode=False)))),
+         on_permuted(on_torch_stream(GemvTma, GemvTmaConfig(ctas=ctas, decode=False)))),
     ]
 
 
 def sweep_simt_configs(shapes, configs, log=print):
     """Graph-timed µs of the CUDA-core kernel for each config on each shape (kernel time only, L2 defeated by the
     rotated pool); returns {(shape, config): µs}. Used to fill the config table in submission.dispatch."""
-    from cute_kernels import torch_queue
+    from cute_kernels.gemv_simt import GemvSimt
     from submission.reference import generate_input
 
     out = {}
     for m, k, l in shapes:  # noqa: E741
         pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
         for cfg in configs:
-            us = graph_time_us(on_permuted(torch_queue.compile_simt(cfg)), pool)
+            us = graph_time_us(on_permuted(on_torch_stream(GemvSimt, cfg)), pool)
             out[((m, k, l), cfg)] = us
             log(f"{m:>6} {k:>6} {l:>2}  warps={cfg.warps:<2} r_lanes={cfg.r_lanes} rows/thr={cfg.rows_per_thread} "
                 f"{us:8.2f} us")

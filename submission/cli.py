@@ -205,17 +205,19 @@ def kernel_builders(arch: str, sf_kinds=SF_KINDS):
 
         def build_tc():
             from cute_kernels import gemv_tc_sm100
+            from cute_kernels.compile import compile_kernel
 
-            return gemv_tc_sm100.compile_for(gemv_tc_sm100.GemvTcSm100Config(), arch)
+            return compile_kernel(gemv_tc_sm100.GemvTcSm100, gemv_tc_sm100.GemvTcSm100Config(), arch)
 
         out.append(("gemv_tc_sm100a_permuted", build_tc))
     for sf in sf_kinds:
-        cfg = simt_config_for(m, k, l, arch.rstrip("a"), sf)
+        cfg = simt_config_for(m, k, l, sf)
 
         def build_simt(cfg=cfg):
             from cute_kernels import gemv_simt
+            from cute_kernels.compile import compile_kernel
 
-            return gemv_simt.compile(cfg, arch)
+            return compile_kernel(gemv_simt.GemvSimt, cfg, arch)
 
         out.append((f"gemv_simt_{arch}_{sf}", build_simt))
     return out

@@ -1,12 +1,14 @@
-"""The GPU MODE `nvfp4_gemv` entry: `custom_kernel(data) -> c` on the default CUDA queue, where the contest runs.
+"""The GPU MODE `nvfp4_gemv` entry: `custom_kernel(data) -> c` on the default CUDA stream, where the contest runs.
 
-This is the module the single-file submission is generated from (submission.generate); it is the library's
-dispatcher with the kernels' own launch path, so the generated file needs nothing that follows torch's queue.
+This is the module the single-file submission is generated from (submission.generate). It is the library's
+dispatcher, calling through TVM-FFI where apache-tvm-ffi is installed and through raw pointers (the DSL's own
+runtime) where it is not, as on GPU MODE's runner.
 """
 
 from __future__ import annotations
 
-from submission.dispatch import DEFAULT_QUEUE, Dispatcher
+from cute_kernels.compile import has_tvm_ffi
+from submission.dispatch import Dispatcher
 
-DISPATCH = Dispatcher(DEFAULT_QUEUE)
+DISPATCH = Dispatcher("tvm_ffi" if has_tvm_ffi() else "pointers")
 custom_kernel = DISPATCH.__call__

@@ -1,24 +1,29 @@
 """Arch dispatch and the cheap per-call path of `custom_kernel`, shared by the library and the contest submission.
 
-A `Dispatcher` holds a `Launchers` (how to compile each kernel: following torch's current CUDA queue for the
-library, `submission.kernel`; on the default queue for the single-file submission, `submission.contest`) and a
-cache of compiled kernels. The first call with a new shape signature validates the whole tuple (submission.validate) and
-picks and compiles a kernel for the device's compute capability; later calls make one launch through the compiled
-TVM-FFI function, whose own argument checks (alignment included) guard the launch. Nothing is allocated per call.
+A `Dispatcher` compiles through `cute_kernels.compile` with one call path (TVM-FFI, or raw pointers where
+apache-tvm-ffi is missing) and one stream (None: the default stream, the contest's; "torch": torch's current one,
+the library's), and keeps a cache of launchers per shape signature. The first call with a new signature validates
+the whole tuple (submission.validate) and picks and compiles a kernel for the device; later calls make one launch.
+On the TVM-FFI path the compiled function's own argument checks (dtype, shape, strides, device, alignment) guard
+the launch; on the pointer path the signature key holds dtypes, shapes, strides and device, and every call checks
+the pointers' alignment. Nothing is allocated per call.
 
-Dispatch: sm_90 (H200/H100) -> the CUDA-core kernel with the prmt/dp4a decode; sm_100 family (B200/GB200) -> the
-tcgen05 block-scaled tensor-core kernel by default, or the CUDA-core kernel with the hardware fp4 decode
-(`NVFP4_GEMV_SM100=simt` or `sm100_variant="simt"`). Any other device is refused with a clear error.
+Dispatch: sm_90 (H200/H100) -> the CUDA-core kernel with the prmt/dp4a decode; sm_100a (B200/GB200, compute
+capability 10.0) -> the tcgen05 block-scaled tensor-core kernel by default, or the CUDA-core kernel with the
+hardware fp4 decode (`NVFP4_GEMV_SM100=simt` or `sm100_variant="simt"`). Any other device is refused clearly.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import torch
 
 from cute_kernels import gemv_simt, gemv_tc_sm100
+from cute_kernels.compile import POINTER_ALIGN, compile_kernel, gemv_pointers, raw_function, target
+from cute_kernels.tc_workspace import TcLauncher
 from submission.validate import validate_inputs
 
 SM100_VARIANTS = ("tc", "simt")
@@ -36,22 +41,12 @@ SIMT_TABLE = (
 )
 
 
-def simt_config_for(m: int, k: int, l: int, arch: str = "sm_90", sf_kind: str = "permuted"):  # noqa: E741
+def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted"):  # noqa: E741
     """The CUDA-core kernel's config for a shape: the first row of SIMT_TABLE whose K bound holds."""
     for k_max, warps, r_lanes, unroll in SIMT_TABLE:
         if k_max is None or k <= k_max:
-            return gemv_simt.GemvSimtConfig(arch=arch, sf_kind=sf_kind, warps=warps, r_lanes=r_lanes, unroll=unroll)
+            return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=warps, r_lanes=r_lanes, unroll=unroll)
     raise AssertionError("SIMT_TABLE ends with a catch-all row")
-
-
-class Launchers(NamedTuple):
-    """simt(config) -> compiled CUDA-core kernel; tc -> callable (a, b, sfa_permuted, sfb_permuted, c)."""
-
-    simt: Callable
-    tc: Callable
-
-
-DEFAULT_QUEUE = Launchers(simt=gemv_simt.compile, tc=gemv_tc_sm100.gemv_tc_sm100)
 
 
 def _require(can_implement, m: int, k: int, l: int):  # noqa: E741
@@ -62,38 +57,60 @@ def _require(can_implement, m: int, k: int, l: int):  # noqa: E741
         )
 
 
-def _raw(compiled):
-    # The TVM-FFI function without the DSL's Python kwargs shim (a few µs per call saved).
-    return compiled.__tvm_ffi_object__()
+def _on_pointers(fn, m: int, k: int, l: int):  # noqa: E741
+    """A launcher (a, b, sf_a, sf_b, c) for a pointer-path compiled function of a fixed (M, K, L)."""
+
+    def run(a, b, sa, sb, c):
+        addresses = [t.data_ptr() for t in (a, b, sa, sb, c)]
+        for name, p in zip(("a", "b", "sf_a", "sf_b", "c"), addresses):
+            if p % POINTER_ALIGN:
+                raise ValueError(f"{name}: expected a {POINTER_ALIGN}-byte aligned data pointer, got {p:#x}")
+        fn(*gemv_pointers(addresses), m, k, l)
+
+    return run
+
+
+def _signature(tensors):
+    """What the pointer path's compiled function assumes of its operands, as a cache key."""
+    return tuple((t.dtype, t.shape, t.stride(), t.device) for t in tensors)
 
 
 class Dispatcher:
-    def __init__(self, launchers: Launchers):
-        self.launchers = launchers
+    """Launchers by shape signature. `call`: "tvm_ffi" or "pointers"; `stream`: None (the default stream) or
+    "torch" (torch's current stream, TVM-FFI only); `workspace_key()`: what, besides the device, the tensor-core
+    kernel's split-K workspace is kept per (the library passes torch's current stream). `compile` is
+    `cute_kernels.compile.compile_kernel` (injected in tests)."""
+
+    def __init__(self, call: str = "tvm_ffi", stream=None, workspace_key=lambda: None, compile=compile_kernel):
+        self.call = call
+        self.compile = functools.partial(compile, call=call, stream=stream)
+        self.workspace_key = workspace_key
         self.kernels: dict[tuple, Callable] = {}
         self._capability: dict[int, tuple[int, int]] = {}
 
     def select(self, capability: tuple[int, int], m: int, k: int, l: int, sf_kind: str = "permuted",  # noqa: E741
                sm100_variant: str | None = None) -> Callable:
-        """The compiled kernel for this device and shape: a callable (a, b, sf_a, sf_b, c)."""
-        major = capability[0]
-        if major == 9:
-            _require(gemv_simt.GemvSimt.can_implement, m, k, l)
-            return _raw(self.launchers.simt(simt_config_for(m, k, l, "sm_90", sf_kind)))
-        if major == 10:
+        """The launcher for this device and shape: a callable (a, b, sf_a, sf_b, c)."""
+        tgt = target(tuple(capability))
+        use_tc = False
+        if tgt.family == "sm_100":
             variant = sm100_variant or os.environ.get("NVFP4_GEMV_SM100", _DEFAULT_SM100)
             if variant not in SM100_VARIANTS:
                 raise ValueError(f"sm100_variant: expected one of {SM100_VARIANTS}, got {variant!r}")
-            if variant == "simt" or sf_kind != "permuted":
-                _require(gemv_simt.GemvSimt.can_implement, m, k, l)
-                return _raw(self.launchers.simt(simt_config_for(m, k, l, "sm_100", sf_kind)))
+            # The tensor-core kernel reads the permuted scales only; plain scales take the CUDA-core variant.
+            use_tc = variant == "tc" and sf_kind == "permuted"
+        if use_tc:
             _require(gemv_tc_sm100.GemvTcSm100.can_implement, m, k, l)
-            # Sizes its split-K workspace per call: a Python wrapper around one launch (never run; no B200 here).
-            return self.launchers.tc
-        raise RuntimeError(
-            f"nvfp4-gemv has kernels for compute capability 9.0 (Hopper) and 10.x (Blackwell); this device is "
-            f"{major}.{capability[1]}"
-        )
+            config = gemv_tc_sm100.GemvTcSm100Config()
+            compiled = self.compile(gemv_tc_sm100.GemvTcSm100, config, tgt)
+            pointers = self.call == "pointers"
+            fn = compiled if pointers else raw_function(compiled)
+            return TcLauncher(fn, config, pointers=pointers, workspace_key=self.workspace_key)
+        _require(gemv_simt.GemvSimt.can_implement, m, k, l)
+        compiled = self.compile(gemv_simt.GemvSimt, simt_config_for(m, k, l, sf_kind), tgt)
+        if self.call == "pointers":
+            return _on_pointers(compiled, m, k, l)
+        return raw_function(compiled)
 
     def capability(self, device: torch.device) -> tuple[int, int]:
         idx = device.index if device.index is not None else torch.cuda.current_device()
@@ -108,12 +125,13 @@ class Dispatcher:
         sf_kind="permuted" reads sfa_permuted/sfb_permuted (the contest's layout); "plain" reads sfa/sfb instead.
         The known-signature path is written out here rather than through `run`: it is the per-call host cost.
         """
-        a, b, sfa, sfb, sfa_p, sfb_p, c = data
-        if sf_kind == "permuted":
-            sa, sb = sfa_p, sfb_p
-        else:
-            sa, sb = sfa, sfb
-        fn = self.kernels.get((a.shape, sa.shape, sf_kind))
+        try:
+            a, b, sfa, sfb, sfa_p, sfb_p, c = data
+            sa, sb = (sfa_p, sfb_p) if sf_kind == "permuted" else (sfa, sfb)
+            fn = self.kernels.get(self.key(a, b, sa, sb, c, sf_kind))
+        except (TypeError, ValueError, AttributeError):
+            validate_inputs(data, require_cuda=True)  # names what is wrong with the tuple
+            raise
         if fn is None:
             return self.run(a, b, sa, sb, c, sf_kind, lambda: validate_inputs(data, require_cuda=True))
         try:
@@ -123,15 +141,19 @@ class Dispatcher:
             raise
         return c
 
+    def key(self, a, b, sa, sb, c, sf_kind: str):
+        """The cache key of a call: the shapes (TVM-FFI checks the rest per call), or the whole signature."""
+        if self.call == "pointers":
+            return (_signature((a, b, sa, sb, c)), sf_kind)
+        return (a.shape, sa.shape, sf_kind)
+
     def run(self, a, b, sa, sb, c, sf_kind: str, validate: Callable[[], tuple[int, int, int]]):
         """One launch on the five operands the kernels read; `validate()` checks whatever tuple they came from.
 
-        It runs the first time a shape signature is seen. After that the compiled function itself checks the
-        dtype, rank, device, 16-byte alignment and the static and shared extents and strides of the five operands
-        (TVM-FFI's argument checks, from the fake tensors it was compiled on); if it refuses them, `validate()`
-        runs again, so that the error is a ValueError naming the tensor.
+        It runs the first time a signature is seen (see the module docstring for what guards later calls); if a
+        launch refuses its operands, `validate()` runs again, so that the error is a ValueError naming the tensor.
         """
-        key = (a.shape, sa.shape, sf_kind)
+        key = self.key(a, b, sa, sb, c, sf_kind)
         fn = self.kernels.get(key)
         if fn is None:
             m, k, l = validate()  # noqa: E741

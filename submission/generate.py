@@ -1,13 +1,16 @@
 """Writes the single-file GPU MODE submission: `custom_kernel(data) -> c` with no dependency on this project.
 
-The file embeds the source text of every project module that `submission.contest` needs (found by walking its
-imports, function-level ones included), verbatim apart from the project imports, which `ast` locates and which
-are redirected to a private package, `_nvfp4_gemv_bundle`. At import the file installs a meta-path finder that
-serves those modules from memory, each as its own module object (so names such as `compile` never clash), with a
-PEP 302 `get_source`, so `inspect.getsource` (which the CuTe DSL's preprocessor needs) and tracebacks see the
-embedded text with its original line numbers. The file imports only torch, the CuTe DSL, TVM-FFI (through the DSL)
-and the standard library; it checks the DSL version first and refuses an older one. Output is deterministic: the
-same sources give the same bytes (modules in dependency order, ties by name; no times, no paths of this machine).
+The file embeds the source of every project module that `submission.contest` needs (found by walking its imports,
+function-level ones included), each transformed with `ast` for the contest and unparsed:
+- project imports point at a private package, `_nvfp4_gemv_bundle`, served from memory by the embedded
+  `submission.bundle_runtime` (a meta-path finder with `get_source`, which the CuTe DSL's preprocessor needs);
+- the code is specialized for the default CUDA stream, the only one the contest runs on: every parameter named
+  `stream` (each defaults to None) is bound to None, so it leaves the signatures, `stream=` keywords leave the
+  calls, and `if` tests on it are folded; the names a module lists in `LIBRARY_ONLY` are left out;
+- docstrings go (comments go with the unparse).
+GPU MODE refuses any file whose text holds the word for a CUDA queue; the specialization is why the generated file
+has none, and `contest_policy_findings` checks it. The file imports only torch, the CuTe DSL (TVM-FFI where
+installed) and the standard library, and is deterministic: the same sources give the same bytes.
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-DSL_VERSION = "4.8.1"  # the nvidia-cutlass-dsl version the generated file was built and tested with
+RUNTIME_MODULE = "submission.bundle_runtime"
 BUNDLE_PACKAGE = "_nvfp4_gemv_bundle"
-ENTRY_MODULE = "submission.contest"  # the dispatcher on the default CUDA queue: no torch-stream code
+ENTRY_MODULE = "submission.contest"  # the dispatcher on the default CUDA stream
 PROJECT_PACKAGES = ("cute_kernels", "layouts", "submission")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -117,36 +120,133 @@ def collect_modules(entry: str = ENTRY_MODULE, root: Path = PROJECT_ROOT) -> lis
     return [(n, sources[n]) for n in order]
 
 
-# ---------------------------------------------------------------- redirecting the imports
+# ---------------------------------------------------------------- the contest transform
+
+DEFAULT_BOUND = "stream"  # the parameter bound to None (the default CUDA stream) in the generated file
 
 
-def _redirected(node: ast.stmt) -> str:
-    if isinstance(node, ast.ImportFrom):
+def _is_none(node) -> bool:
+    return isinstance(node, ast.Constant) and node.value is None
+
+
+class _ContestTransform(ast.NodeTransformer):
+    """Redirect project imports, bind DEFAULT_BOUND to None, drop LIBRARY_ONLY names and docstrings."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    # ---- imports
+
+    def visit_ImportFrom(self, node):
+        if node.level:
+            raise GenerateError(f"{self.name}: relative import at line {node.lineno}; use an absolute import")
+        if not _is_project(node.module):
+            return node
         new = ast.ImportFrom(module=f"{BUNDLE_PACKAGE}.{node.module}", names=node.names, level=0)
-    else:
-        new = ast.Import(names=[ast.alias(f"{BUNDLE_PACKAGE}.{a.name}", a.asname) for a in node.names])
-    return ast.unparse(new)
+        return ast.copy_location(new, node)
+
+    def visit_Import(self, node):
+        project = [a for a in node.names if _is_project(a.name)]
+        if not project:
+            return node
+        if len(project) != len(node.names):
+            raise GenerateError(f"{self.name}: line {node.lineno} mixes project and other modules in one import")
+        for alias in project:
+            if "." in alias.name and alias.asname is None:
+                raise GenerateError(
+                    f"{self.name}: `import {alias.name}` at line {node.lineno} binds the top-level package; "
+                    f"write `from ... import ...` or `import {alias.name} as ...`"
+                )
+        names = [ast.alias(f"{BUNDLE_PACKAGE}.{a.name}", a.asname) for a in node.names]
+        return ast.copy_location(ast.Import(names=names), node)
+
+    # ---- the default stream
+
+    def visit_arguments(self, node):
+        self.generic_visit(node)
+        positional = node.posonlyargs + node.args
+        pos_defaults = [None] * (len(positional) - len(node.defaults)) + list(node.defaults)
+        for arg, default in list(zip(positional, pos_defaults)) + list(zip(node.kwonlyargs, node.kw_defaults)):
+            if arg.arg == DEFAULT_BOUND and not _is_none(default):
+                raise GenerateError(
+                    f"{self.name}: parameter {DEFAULT_BOUND!r} at line {arg.lineno} must default to None"
+                )
+        kept = [(a, d) for a, d in zip(positional, pos_defaults) if a.arg != DEFAULT_BOUND]
+        n_posonly = len([a for a in node.posonlyargs if a.arg != DEFAULT_BOUND])
+        node.posonlyargs = [a for a, _ in kept[:n_posonly]]
+        node.args = [a for a, _ in kept[n_posonly:]]
+        node.defaults = [d for _, d in kept if d is not None]
+        kw = [(a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults) if a.arg != DEFAULT_BOUND]
+        node.kwonlyargs = [a for a, _ in kw]
+        node.kw_defaults = [d for _, d in kw]
+        return node
+
+    def visit_Call(self, node):
+        self.generic_visit(node)
+        node.keywords = [k for k in node.keywords if k.arg != DEFAULT_BOUND]
+        return node
+
+    def visit_Name(self, node):
+        if node.id != DEFAULT_BOUND:
+            return node
+        if not isinstance(node.ctx, ast.Load):
+            raise GenerateError(f"{self.name}: line {node.lineno} assigns {DEFAULT_BOUND!r}")
+        return ast.copy_location(ast.Constant(None), node)
+
+    def visit_If(self, node):
+        self.generic_visit(node)
+        t = node.test
+        if (
+            isinstance(t, ast.Compare)
+            and len(t.ops) == 1
+            and isinstance(t.ops[0], (ast.Is, ast.IsNot))
+            and _is_none(t.left)
+            and _is_none(t.comparators[0])
+        ):
+            return node.body if isinstance(t.ops[0], ast.Is) else (node.orelse or [ast.Pass()])
+        return node
+
+    # ---- docstrings and library-only names
+
+    @staticmethod
+    def _strip_docstring(node):
+        body = node.body
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            if isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+        return node
+
+    def visit_Module(self, node):
+        library_only = set()
+        for stmt in node.body:
+            if _defined_name(stmt) == "LIBRARY_ONLY":
+                library_only = set(ast.literal_eval(stmt.value)) | {"LIBRARY_ONLY"}
+        node.body = [s for s in node.body if _defined_name(s) not in library_only]
+        self.generic_visit(node)
+        return self._strip_docstring(node)
+
+    def visit_FunctionDef(self, node):
+        self.generic_visit(node)
+        return self._strip_docstring(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+    visit_ClassDef = visit_FunctionDef
 
 
-def redirect_imports(source: str, name: str = "<source>") -> str:
-    """`source` with each project import pointed at the private package, all else byte for byte the same.
+def _defined_name(stmt):
+    """The name a top-level statement defines (def, class, or `NAME = ...`), else None."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return stmt.name
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+        return stmt.targets[0].id
+    return None
 
-    A statement that spans several lines is replaced by one line and padded with newlines, so every other line
-    keeps its number (the DSL reports errors by line).
-    """
-    tree = ast.parse(source, filename=name)
-    lines = source.splitlines(keepends=True)
-    # ast column offsets count UTF-8 bytes; splice bytes, last statement first so earlier offsets stay valid.
-    data = [ln.encode("utf-8") for ln in lines]
-    for node in reversed(_project_imports(tree, name)):
-        first, last = node.lineno - 1, node.end_lineno - 1
-        head = data[first][: node.col_offset]
-        tail = data[last][node.end_col_offset :]
-        text = _redirected(node).encode("utf-8") + b"\n" * (last - first)
-        data[first : last + 1] = [head + text + tail]
-    out = b"".join(data).decode("utf-8")
-    check = ast.parse(out, filename=name)
-    left = [n.lineno for n in _project_imports(check, name)]
+
+def contest_source(source: str, name: str = "<source>") -> str:
+    """`source` as the generated file embeds it (see the module docstring)."""
+    tree = _ContestTransform(name).visit(ast.parse(source, filename=name))
+    out = ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+    left = [n.lineno for n in _project_imports(ast.parse(out), name)]
     if left:
         raise GenerateError(f"{name}: project imports left at lines {left}")
     return out
@@ -157,8 +257,9 @@ def redirect_imports(source: str, name: str = "<source>") -> str:
 
 def _literal(text: str) -> str:
     """A Python string literal for `text`: a raw triple-quoted block where that round-trips, else repr()."""
-    lit = "r'''" + text + "'''"
-    if "'''" not in text and not text.endswith(("'", "\\")):
+    quote = "'" * 3
+    lit = "r" + quote + text + quote
+    if quote not in text and not text.endswith(("'", "\\")):
         try:
             if ast.literal_eval(lit) == text:
                 return lit
@@ -175,172 +276,67 @@ def _packages(names) -> list[str]:
     return sorted(pkgs)
 
 
-_HEADER = '''\
+_HEADER = """\
 # submission.py: NVFP4 batched GEMV for GPU MODE's nvfp4_gemv problem, `custom_kernel(data) -> c`.
 # Generated by nvfp4-gemv (submission/generate.py) from the modules {modules}.
-# Built and tested with nvidia-cutlass-dsl {dsl}; an older DSL is refused at import with an ImportError.
-"""NVFP4 batched GEMV: c[m, 0, l] = fp16(sum_k A[m,k,l]*SFA[m,k/16,l] * b[0,k,l]*SFB[0,k/16,l]), fp32 accumulate.
-
-Inputs are GPU MODE's tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c): fp4 e2m1 two a byte, e4m3 scales
-per 16 K elements, the scales read from the permuted 32x4x4 atom layout. Dispatch by compute capability: 9.0 ->
-CUDA-core kernel (prmt/dp4a fp4 decode); 10.x -> tcgen05 block-scaled tensor-core kernel, or the CUDA-core kernel
-with the hardware fp4 decode (NVFP4_GEMV_SM100=simt). One compile per shape signature, one launch per call.
-The kernels' modules are embedded below as source text and imported from memory as the private package
-`{package}`, so this file needs only torch, the CuTe DSL (with TVM-FFI) and the standard library.
-"""
-
-import importlib
-import importlib.abc
-import importlib.util
+# Tested with nvidia-cutlass-dsl {tested}. It detects DSL features, not versions, and calls its kernels
+# through TVM-FFI where apache-tvm-ffi is installed, else through raw pointers. Check a new image, no GPU needed:
+#     python submission.py --selftest-compile sm_90a      (or sm_100a)
+import os
 import sys
 
-import torch  # noqa: F401  (the embedded modules use it; imported first so a missing torch fails here)
-import cutlass
+import torch
 
-DSL_VERSION = "{dsl}"
-_PACKAGE = "{package}"
-
-
-def _version_key(version):
-    """The leading numeric release parts of a version string: "4.8.1.dev0" -> (4, 8, 1)."""
-    key = []
-    for part in str(version).split("."):
-        digits = ""
-        for ch in part:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        key.append(int(digits))
-        if len(digits) != len(part):
-            break
-    return tuple(key)
-
-
-def check_dsl_version(found):
-    """Raise ImportError unless `found` (the installed nvidia-cutlass-dsl version) is DSL_VERSION or newer."""
-    if found is None or not _version_key(found):
-        raise ImportError(
-            f"this submission was built and tested with nvidia-cutlass-dsl {{DSL_VERSION}}; "
-            f"cannot tell the installed version (cutlass.__version__ = {{found!r}})"
-        )
-    if _version_key(found) < _version_key(DSL_VERSION):
-        raise ImportError(
-            f"this submission was built and tested with nvidia-cutlass-dsl {{DSL_VERSION}}, but the installed "
-            f"version is {{found}}, which is older; install nvidia-cutlass-dsl>={{DSL_VERSION}}"
-        )
-
-
-check_dsl_version(getattr(cutlass, "__version__", None))
-
-# Embedded modules, dependencies first; only their project imports differ from the project's files.
+TESTED_DSL = {tested_tuple}
+_PACKAGE = {package!r}
 _SOURCES = {{
 {sources}
 }}
 _SUBPACKAGES = {subpackages}
-'''
-
-_FOOTER = '''
-
-class _EmbeddedModules(importlib.abc.MetaPathFinder, importlib.abc.InspectLoader):
-    """Finds and loads `_PACKAGE` and its modules from _SOURCES, with their source text for `inspect`."""
-
-    def __init__(self, prefix, sources, subpackages, origin_dir):
-        self.prefix = prefix
-        self.sources = sources
-        self.subpackages = subpackages
-        self.origin_dir = origin_dir
-
-    def _name(self, fullname):
-        if fullname == self.prefix:
-            return ""
-        if fullname.startswith(self.prefix + "."):
-            name = fullname[len(self.prefix) + 1 :]
-            if name in self.sources or name in self.subpackages:
-                return name
-        return None
-
-    def is_package(self, fullname):
-        name = self._name(fullname)
-        return name == "" or name in self.subpackages
-
-    def get_source(self, fullname):
-        name = self._name(fullname)
-        if name is None:
-            raise ImportError(f"no embedded module {{fullname}}", name=fullname)
-        return self.sources.get(name, "")
-
-    def find_spec(self, fullname, path=None, target=None):
-        name = self._name(fullname)
-        if name is None:
-            return None
-        is_pkg = self.is_package(fullname)
-        # A path inside this file: it never exists on disk, so linecache asks get_source (never a stale file).
-        rel = (name.replace(".", "/") + "/__init__.py") if is_pkg else name.replace(".", "/") + ".py"
-        origin = f"{{self.origin_dir}}/{{rel.lstrip('/')}}"
-        spec = importlib.util.spec_from_loader(fullname, self, origin=origin, is_package=is_pkg)
-        spec.has_location = True
-        return spec
-
-    def create_module(self, spec):
-        return None
-
-    def exec_module(self, module):
-        code = compile(self.get_source(module.__name__), module.__file__, "exec", dont_inherit=True)
-        exec(code, module.__dict__)
 
 
-def _install():
-    for finder in list(sys.meta_path):
-        if isinstance(getattr(finder, "prefix", None), str) and finder.prefix == _PACKAGE:
-            sys.meta_path.remove(finder)
-    origin_dir = globals().get("__file__") or "submission.py"
-    sys.meta_path.insert(0, _EmbeddedModules(_PACKAGE, _SOURCES, _SUBPACKAGES, origin_dir))
+"""
+
+_FOOTER = """
+
+if __name__ == "__main__":
+    selftest_environment(sys.argv[1:], os.environ, torch.cuda.is_available())
+import cutlass  # noqa: E402  (after selftest_environment, which sets what the DSL reads at import)
+
+install(_PACKAGE, _SOURCES, _SUBPACKAGES, globals().get("__file__") or "submission.py")
+custom_kernel = embedded(_PACKAGE, {entry!r}).custom_kernel
 
 
-def embedded(name):
-    """An embedded module by its project name, e.g. embedded("cute_kernels.gemv_simt")."""
-    return importlib.import_module(f"{{_PACKAGE}}.{{name}}")
+def compile_for_arch(gpu_arch, variant="simt", m=7168, k=16384, l=1):
+    return _compile_for_arch(_PACKAGE, gpu_arch, variant, m, k, l)
 
 
-_install()
-custom_kernel = embedded("{entry}").custom_kernel
-
-GPU_ARCHS = ("sm_90a", "sm_100a")
-
-
-def compile_for_arch(gpu_arch, variant="simt", m=7168, k=16384, l=1):  # noqa: E741
-    """Compile a kernel of this file for `gpu_arch` without a GPU and return the compiled object (`__ptx__`).
-
-    sm_90a takes variant "simt" (the CUDA-core kernel); sm_100a takes "simt" (hardware fp4 decode) or "tc"
-    (tcgen05 block-scaled MMAs). The CUDA-core config is the one custom_kernel would pick for (m, k, l).
-    """
-    dispatch = embedded("submission.dispatch")
-    family = "sm_90" if gpu_arch.startswith("sm_90") else "sm_100"
-    if variant == "simt":
-        return embedded("cute_kernels.gemv_simt").compile(dispatch.simt_config_for(m, k, l, family), gpu_arch)
-    if variant == "tc" and family == "sm_100":
-        return embedded("cute_kernels.gemv_tc_sm100").compile_for(arch=gpu_arch)
-    raise ValueError(f"no {{variant!r}} kernel for {{gpu_arch}}: sm_90a has 'simt', sm_100a has 'simt' and 'tc'")
-'''
+if __name__ == "__main__":
+    sys.exit(main(_PACKAGE, sys.argv[1:]))
+"""
 
 
 def generate_submission(entry: str = ENTRY_MODULE, root: Path = PROJECT_ROOT) -> str:
     """The text of the single-file submission (deterministic for the same project sources)."""
-    modules = [(n, redirect_imports(src, n)) for n, src in collect_modules(entry, root)]
+    from cute_kernels.compile import TESTED_DSL
+
+    modules = [(n, contest_source(src, n)) for n, src in collect_modules(entry, root)]
     names = [n for n, _ in modules]
     subpackages = _packages(names) + sorted(n for n in names if _is_package(n, root))
-    sources = "\n".join(f"    {n!r}: {_literal(src)}," for n, src in modules)
-    fields = dict(
-        modules=", ".join(names),
-        dsl=DSL_VERSION,
-        package=BUNDLE_PACKAGE,
-        sources=sources,
-        subpackages=repr(tuple(sorted(set(subpackages)))),
-        entry=entry,
+    runtime = contest_source(_read(RUNTIME_MODULE, root), RUNTIME_MODULE)
+    runtime = runtime.replace("def compile_for_arch(", "def _compile_for_arch(", 1)
+    text = (
+        _HEADER.format(
+            modules=", ".join(names),
+            tested=", ".join(TESTED_DSL),
+            tested_tuple=repr(TESTED_DSL),
+            package=BUNDLE_PACKAGE,
+            sources="\n".join(f"    {n!r}: {_literal(src)}," for n, src in modules),
+            subpackages=repr(tuple(sorted(set(subpackages)))),
+        )
+        + runtime
+        + _FOOTER.format(entry=entry)
     )
-    text = _HEADER.format(**fields) + _FOOTER.format(**fields)
     compile(text, "submission.py", "exec", dont_inherit=True)  # a syntax error here is a generator bug
     return text
 
@@ -356,7 +352,12 @@ def contest_policy_findings(text: str) -> list[tuple[int, str]]:
 
 
 def write_submission(path) -> Path:
-    """Write generate_submission() to `path` (UTF-8, "\\n" line ends) and return the path."""
+    """Write generate_submission() to `path` (UTF-8, "\\n" line ends) and return the path; GenerateError if the
+    contest's word filter would refuse the text."""
     path = Path(path)
-    path.write_bytes(generate_submission().encode("utf-8"))
+    text = generate_submission()
+    findings = contest_policy_findings(text)
+    if findings:
+        raise GenerateError(f"the contest's word filter would refuse line {findings[0][0]}: {findings[0][1]!r}")
+    path.write_bytes(text.encode("utf-8"))
     return path

@@ -1,15 +1,12 @@
-"""Dispatch on the CPU: which kernel each compute capability gets, and refusals that never reach a compile."""
+"""Dispatch on the CPU: which kernel and target each compute capability gets, on which call path and stream, and
+refusals that never reach a compile."""
 
 import pytest
 
 from cute_kernels import gemv_simt, gemv_tc_sm100
-from submission.dispatch import DEFAULT_QUEUE, Dispatcher, Launchers, simt_config_for
-
-
-def _recording():
-    calls = []
-    launchers = Launchers(simt=lambda cfg: calls.append(("simt", cfg)) or _Compiled(), tc=lambda *a: calls.append("tc"))
-    return Dispatcher(launchers), calls
+from cute_kernels.compile import Target
+from cute_kernels.tc_workspace import TcLauncher
+from submission.dispatch import Dispatcher, simt_config_for
 
 
 class _Compiled:
@@ -17,26 +14,57 @@ class _Compiled:
         return "raw"
 
 
+def _recording(call="tvm_ffi", stream=None):
+    calls = []
+
+    def compile(kernel_cls, config, target, call, stream):
+        calls.append((kernel_cls, config, target, call, stream))
+        return _Compiled()
+
+    return Dispatcher(call, stream, compile=compile), calls
+
+
 def test_sm90_takes_the_cuda_core_kernel_with_the_prmt_decode():
     d, calls = _recording()
     assert d.select((9, 0), 7168, 2048, 4) == "raw"
-    assert calls == [("simt", simt_config_for(7168, 2048, 4, "sm_90"))]
-    assert calls[0][1].arch == "sm_90"
+    assert calls == [(gemv_simt.GemvSimt, simt_config_for(7168, 2048, 4), Target("sm_90a"), "tvm_ffi", None)]
+    assert calls[0][2].family == "sm_90"
 
 
 def test_sm100_defaults_to_tensor_cores_and_offers_the_cuda_core_variant(monkeypatch):
     monkeypatch.delenv("NVFP4_GEMV_SM100", raising=False)
-    d, calls = _recording()
-    assert d.select((10, 0), 7168, 2048, 4) is d.launchers.tc
+    d, calls = _recording(stream="torch")
+    tc = d.select((10, 0), 7168, 2048, 4)
+    assert isinstance(tc, TcLauncher) and tc.fn == "raw" and not tc.pointers
+    assert calls[-1][:4] == (gemv_tc_sm100.GemvTcSm100, gemv_tc_sm100.GemvTcSm100Config(), Target("sm_100a"), "tvm_ffi")
+    assert calls[-1][4] == "torch"
     assert d.select((10, 0), 7168, 2048, 4, sm100_variant="simt") == "raw"
-    assert calls[-1][1].arch == "sm_100"
+    assert calls[-1][0] is gemv_simt.GemvSimt and calls[-1][2].family == "sm_100"
     monkeypatch.setenv("NVFP4_GEMV_SM100", "simt")
-    assert d.select((10, 3), 128, 256, 1) == "raw"
+    assert d.select((10, 0), 128, 256, 1) == "raw"
     # The tensor-core kernel reads the permuted scales only; plain scales take the CUDA-core variant.
     monkeypatch.delenv("NVFP4_GEMV_SM100")
     assert d.select((10, 0), 128, 256, 1, sf_kind="plain") == "raw"
+    assert calls[-1][1].sf_kind == "plain"
     with pytest.raises(ValueError, match="sm100_variant"):
         d.select((10, 0), 128, 256, 1, sm100_variant="wgmma")
+
+
+def test_pointer_path_wraps_the_compiled_function():
+    d, calls = _recording(call="pointers")
+    run = d.select((9, 0), 128, 256, 1)
+    assert callable(run) and run != "raw" and calls[-1][3] == "pointers"
+    tc = d.select((10, 0), 128, 256, 1)
+    assert isinstance(tc, TcLauncher) and tc.pointers and isinstance(tc.fn, _Compiled)
+
+
+@pytest.mark.parametrize("cap", [(10, 3), (10, 1), (11, 0)])
+def test_blackwell_parts_without_an_sm100a_build_are_refused(cap):
+    """sm_100a code does not load on compute capability 10.3 (B300) and others: refused, not dispatched."""
+    d, calls = _recording()
+    with pytest.raises(RuntimeError, match=rf"this device is {cap[0]}\.{cap[1]}"):
+        d.select(cap, 128, 256, 1, sm100_variant="simt")
+    assert calls == []
 
 
 @pytest.mark.parametrize("cap", [(8, 0), (8, 9), (12, 0)])
@@ -59,8 +87,27 @@ def test_shapes_past_int32_indexing_are_refused_before_compiling():
     assert gemv_tc_sm100.GemvTcSm100.can_implement(16384, 1 << 17, 8)
 
 
-def test_the_contest_entry_compiles_on_the_default_queue():
-    assert DEFAULT_QUEUE.simt is gemv_simt.compile and DEFAULT_QUEUE.tc is gemv_tc_sm100.gemv_tc_sm100
+def test_the_contest_entry_uses_the_default_stream_and_the_available_call_path():
+    from cute_kernels.compile import has_tvm_ffi
+    from submission import contest
+
+    assert contest.DISPATCH.call == ("tvm_ffi" if has_tvm_ffi() else "pointers")
+    assert contest.DISPATCH.compile.keywords == {"call": contest.DISPATCH.call, "stream": None}
+
+
+def test_the_library_entry_follows_torchs_current_stream():
+    from submission import kernel
+
+    assert kernel.DISPATCH.compile.keywords == {"call": "tvm_ffi", "stream": "torch"}
+
+
+@pytest.mark.parametrize("data", [None, (), (1, 2, 3), [object()] * 7, tuple(range(6)), tuple(range(8))],
+                         ids=["None", "empty", "3-tuple", "7-non-tensors", "6-tuple", "8-tuple"])
+def test_malformed_tuples_get_the_validators_error(data):
+    from submission import contest
+
+    with pytest.raises(ValueError, match=r"^(data|a): expected"):
+        contest.custom_kernel(data)
 
 
 def test_known_signature_calls_the_cached_kernel_and_names_a_refused_operand(monkeypatch):
@@ -71,10 +118,10 @@ def test_known_signature_calls_the_cached_kernel_and_names_a_refused_operand(mon
 
     d = generate_input(128, 256, 1, seed=0, device="cpu")
     a, b, sfa, sfb, sfa_p, sfb_p, c = d
-    disp = Dispatcher(DEFAULT_QUEUE)
+    disp = Dispatcher()
     seen = []
-    disp.kernels[(a.shape, sfa_p.shape, "permuted")] = lambda *ops: seen.append(("permuted", ops))
-    disp.kernels[(a.shape, sfa.shape, "plain")] = lambda *ops: seen.append(("plain", ops))
+    disp.kernels[disp.key(a, b, sfa_p, sfb_p, c, "permuted")] = lambda *ops: seen.append(("permuted", ops))
+    disp.kernels[disp.key(a, b, sfa, sfb, c, "plain")] = lambda *ops: seen.append(("plain", ops))
     assert disp(d) is c and disp(d, sf_kind="plain") is c
     assert [kind for kind, _ in seen] == ["permuted", "plain"] and all(len(ops) == 5 for _, ops in seen)
     assert all(x is y for x, y in zip(seen[0][1], (a, b, sfa_p, sfb_p, c)))
@@ -83,7 +130,7 @@ def test_known_signature_calls_the_cached_kernel_and_names_a_refused_operand(mon
     def refuse(*ops):
         raise RuntimeError("argument check failed")
 
-    disp.kernels[(a.shape, sfa_p.shape, "permuted")] = refuse
+    disp.kernels[disp.key(a, b, sfa_p, sfb_p, c, "permuted")] = refuse
     with pytest.raises(ValueError, match=r"^a: expected a CUDA device"):
         disp(d)
     # Operands the validator accepts: the kernel's own error is not swallowed.

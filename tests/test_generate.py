@@ -1,6 +1,7 @@
-"""Tests of the single-file submission generator: determinism, embedded sources equal to the project's, imports
-limited to torch / the CuTe DSL / the standard library, import and kernel compiles (sm_90a, sm_100a) from an empty
-folder with the project off the path, refusal of an older DSL, and (on a GPU) the contest check on every test shape."""
+"""Tests of the single-file submission generator: determinism, embedded sources equal to the project's through the
+contest transform, imports limited to torch / the CuTe DSL / the standard library, the contest's word filter, import
+and kernel compiles (sm_90a, sm_100a) from an empty folder with the project off the path, the self-test command,
+and (on a GPU) the contest check on every test shape. test_runner_stacks.py runs the file under GPU MODE's DSLs."""
 
 import ast
 import importlib.util
@@ -13,7 +14,7 @@ import textwrap
 import pytest
 
 from submission import generate
-from submission.generate import BUNDLE_PACKAGE, GenerateError, collect_modules, generate_submission, redirect_imports
+from submission.generate import BUNDLE_PACKAGE, GenerateError, collect_modules, contest_source, generate_submission
 
 PROJECT = str(generate.PROJECT_ROOT)
 ALLOWED_TOP = {"torch", "cutlass", "tvm_ffi", BUNDLE_PACKAGE} | set(sys.stdlib_module_names)
@@ -52,22 +53,28 @@ def test_generation_is_deterministic(text, tmp_path):
     assert " at 0x" not in text and "/work/" not in text  # no object reprs, no paths of this machine
 
 
-def test_header_states_dsl_version(text):
-    head = text.splitlines()[:3]
-    assert any("nvidia-cutlass-dsl 4.8.1" in ln for ln in head), head
-    assert 'DSL_VERSION = "4.8.1"' in text
+def test_header_states_the_tested_dsl_releases_and_the_selftest(text):
+    from cute_kernels.compile import TESTED_DSL
+
+    head = "\n".join(text.splitlines()[:5])
+    assert "nvidia-cutlass-dsl 4.3.5, 4.5.2, 4.8.1" in head and TESTED_DSL == ("4.3.5", "4.5.2", "4.8.1")
+    assert "--selftest-compile sm_90a" in head
+    assert f"TESTED_DSL = {TESTED_DSL!r}" in text
+    assert "__version__" not in text  # 4.3 has no cutlass.__version__; the release comes from package metadata
 
 
 def test_embeds_exactly_the_modules_kernel_needs_in_dependency_order(text):
     sources = _embedded(text)
     assert list(sources) == [n for n, _ in collect_modules()]
     assert set(sources) >= {
-        "layouts.sf_cute", "cute_kernels.decode", "cute_kernels.tile_scheduler", "cute_kernels.gemv_simt",
-        "cute_kernels.gemv_tc_sm100", "submission.validate", "submission.dispatch", "submission.contest",
+        "layouts.sf_cute", "cute_kernels.compile", "cute_kernels.decode", "cute_kernels.tile_scheduler",
+        "cute_kernels.gemv_simt", "cute_kernels.gemv_tc_sm100", "cute_kernels.tc_workspace", "submission.validate",
+        "submission.dispatch", "submission.contest",
     }  # fmt: skip
-    # the library's host-side tools never ride along
+    # the library's host-side tools never ride along; the runtime is top-level code, not an embedded module
     assert not set(sources) & {"submission.reference", "submission.bench", "submission.cli", "submission.generate",
-                               "submission.op", "submission.kernel", "cute_kernels.torch_queue"}
+                               "submission.op", "submission.kernel", "submission.bundle_runtime",
+                               "cute_kernels.gemv_tma", "cute_kernels.stream_read"}
     seen = set()
     for name, src in sources.items():
         needs = set()
@@ -81,16 +88,20 @@ def test_embeds_exactly_the_modules_kernel_needs_in_dependency_order(text):
         seen.add(name)
 
 
-def test_embedded_sources_are_the_project_files_with_imports_redirected(text):
+def test_embedded_sources_are_the_project_files_through_the_contest_transform(text):
     sources = _embedded(text)
     for name, src in sources.items():
         path = os.path.join(PROJECT, *name.split(".")) + ".py"
         with open(path, encoding="utf-8") as f:
             original = f.read()
-        assert src == redirect_imports(original, name)
-        assert len(src.splitlines()) == len(original.splitlines())
-        changed = [i for i, (x, y) in enumerate(zip(src.splitlines(), original.splitlines())) if x != y]
-        assert all("import" in original.splitlines()[i] for i in changed), name
+        assert src == contest_source(original, name)
+        # Same code: the transform only redirects imports, binds `stream` and drops docstrings and LIBRARY_ONLY.
+        assert ast.dump(ast.parse(src)).count("FunctionDef") <= ast.dump(ast.parse(original)).count("FunctionDef")
+
+
+def test_runtime_is_the_tested_module(text):
+    runtime = generate.contest_source(generate._read(generate.RUNTIME_MODULE, generate.PROJECT_ROOT))
+    assert runtime.replace("def compile_for_arch(", "def _compile_for_arch(", 1) in text
 
 
 def test_imports_only_torch_dsl_and_stdlib(text):
@@ -101,10 +112,10 @@ def test_imports_only_torch_dsl_and_stdlib(text):
     assert {"torch", "cutlass", BUNDLE_PACKAGE} <= tops
 
 
-# ---------------------------------------------------------------- the import rewrite
+# ---------------------------------------------------------------- the contest transform
 
 
-def test_redirect_keeps_lines_and_bytes_around_imports():
+def test_transform_redirects_project_imports_only():
     src = textwrap.dedent(
         '''\
         """Docstring · with non-ASCII µ."""
@@ -122,28 +133,73 @@ def test_redirect_keeps_lines_and_bytes_around_imports():
             return σ, d, dec
         '''
     )
-    out = redirect_imports(src)
-    lines, orig = out.splitlines(), src.splitlines()
-    assert len(lines) == len(orig)
-    assert lines[2] == f"from {BUNDLE_PACKAGE}.layouts.closed_form import atom_offset, plain_offset as po"
-    assert lines[3:6] == ["", "", ""]
-    assert lines[6] == orig[6]  # the string literal is left alone
-    assert lines[10] == f"    σ = 1; from {BUNDLE_PACKAGE}.cute_kernels import decode as d  # noqa"
-    assert lines[11] == f"    import {BUNDLE_PACKAGE}.cute_kernels.decode as dec"
-    assert [i for i, (a, b) in enumerate(zip(lines, orig)) if a != b] == [2, 3, 4, 5, 10, 11]
+    out = contest_source(src)
+    assert f"from {BUNDLE_PACKAGE}.layouts.closed_form import atom_offset, plain_offset as po" in out
+    assert f"from {BUNDLE_PACKAGE}.cute_kernels import decode as d" in out
+    assert f"import {BUNDLE_PACKAGE}.cute_kernels.decode as dec" in out
+    assert "import os" in out and "x = 'from layouts import sf_cute'" in out  # the string is left alone
+    assert "Docstring" not in out and "noqa" not in out
+
+
+def test_transform_binds_stream_to_the_default_one():
+    src = textwrap.dedent(
+        '''\
+        def launch(call, shape, stream=None):
+            """Launch on `stream`."""
+            if stream is None:
+                call.launch(**shape)
+            else:
+                call.launch(**shape, stream=stream)
+
+
+        def after(a, stream=None, *, b=2):
+            launch(a, {}, stream=stream)
+            return (a, b, stream)
+
+
+        def only_kw(x, *rest, stream=None):
+            return after(x, stream=stream)
+
+
+        def _torch_stream():
+            return make_fake_stream()
+
+
+        LIBRARY_ONLY = ("_torch_stream",)
+        '''
+    )
+    out = contest_source(src)
+    assert "stream" not in out.lower()
+    ns = {}
+    exec(out, ns)
+    calls = []
+
+    class Call:
+        def launch(self, **kw):
+            calls.append(kw)
+
+    call = Call()
+    ns["launch"](call, {"grid": 1})
+    assert calls == [{"grid": 1}]
+    assert ns["after"](call) == (call, 2, None) and ns["only_kw"](call) == (call, 2, None)
+    assert calls == [{"grid": 1}, {}, {}]
+    assert "LIBRARY_ONLY" not in ns
 
 
 @pytest.mark.parametrize(
     "src,match",
     [
-        ("import layouts.sf_cute\n", "binds the top-level package"),
         ("from .decode import prmt\n", "relative import"),
         ("import os, layouts.sf_cute as s\n", "mixes project and other modules"),
+        ("import layouts.sf_cute\n", "binds the top-level package"),
+        ("def f(stream):\n    pass\n", "must default to None"),
+        ("def f(stream=1):\n    pass\n", "must default to None"),
+        ("stream = 3\n", "assigns"),
     ],
 )
-def test_redirect_refuses_import_forms_it_cannot_keep(src, match):
+def test_transform_refuses_forms_it_cannot_keep(src, match):
     with pytest.raises(GenerateError, match=match):
-        redirect_imports(src)
+        contest_source(src)
 
 
 def _tree(root, files):
@@ -196,27 +252,14 @@ sys.meta_path[:] = [
 sys.path[:] = [folder] + [p for p in sys.path if p not in ("", project)]
 res = {"project_findable": [n for n in ("layouts", "cute_kernels") if importlib.util.find_spec(n) is not None]}
 
-import cutlass
-real = cutlass.__version__
-cutlass.__version__ = "4.3.0"
-try:
-    import submission
-    res["old_dsl_error"] = None
-except ImportError as e:
-    res["old_dsl_error"] = str(e)
-cutlass.__version__ = real
-sys.modules.pop("submission", None)
-
 import submission
 res["file"] = submission.__file__
 res["custom_kernel_params"] = list(inspect.signature(submission.custom_kernel).parameters)
-res["version_check"] = {}
-for v in ("4.8.1", "4.8.1.dev0", "4.10.0", "5.0", "4.8.0", "4.7.12", "3.9", "", None):
-    try:
-        submission.check_dsl_version(v)
-        res["version_check"][repr(v)] = "ok"
-    except ImportError as e:
-        res["version_check"][repr(v)] = str(e)
+res["call_path"] = submission.embedded(submission._PACKAGE, "submission.contest").DISPATCH.call
+try:
+    submission.compile_for_arch("sm_80a")
+except ValueError as e:
+    res["bad_arch"] = str(e)
 for arch, variant in (("sm_90a", "simt"), ("sm_100a", "simt"), ("sm_100a", "tc")):
     ptx = submission.compile_for_arch(arch, variant).__ptx__ or ""
     if "\n" not in ptx and os.path.isfile(ptx):  # some DSL paths give the dumped file's name
@@ -234,7 +277,7 @@ with open(f"{out_dir}/result.json", "w") as f:
 
 @pytest.fixture(scope="module")
 def clean_run(text, tmp_path_factory):
-    """Run BOOT once: import the file from an empty folder, try an old DSL, compile three kernels (about 20 s)."""
+    """Run BOOT once: import the file from an empty folder and compile three kernels (about 20 s)."""
     folder = tmp_path_factory.mktemp("empty")
     out = tmp_path_factory.mktemp("out")
     (folder / "submission.py").write_text(text, encoding="utf-8")
@@ -261,12 +304,23 @@ def test_imports_from_an_empty_folder_without_the_project(clean_run):
 
 
 @pytest.mark.slow
-def test_refuses_an_older_dsl(clean_run):
-    msg = clean_run["old_dsl_error"]
-    assert msg is not None and "4.8.1" in msg and "4.3.0" in msg and "older" in msg
-    checks = clean_run["version_check"]
-    assert [k for k, v in checks.items() if v == "ok"] == ["'4.8.1'", "'4.8.1.dev0'", "'4.10.0'", "'5.0'"]
-    assert all("4.8.1" in checks[k] for k in ("'4.8.0'", "'4.7.12'", "'3.9'", "''", "None"))
+def test_calls_through_tvm_ffi_where_it_imports_and_checks_the_arch(clean_run):
+    assert clean_run["call_path"] == "tvm_ffi"  # this environment has apache-tvm-ffi; test_runner_stacks has none
+    assert "sm_90a" in clean_run["bad_arch"] and "sm_80a" in clean_run["bad_arch"]
+
+
+@pytest.mark.slow
+def test_selftest_compile_command(text, tmp_path):
+    (tmp_path / "submission.py").write_text(text, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "CUTE_DSL"))}
+    run = [sys.executable, "-I", "submission.py", "--selftest-compile"]
+    proc = subprocess.run(run + ["sm_90a"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("nvidia-cutlass-dsl 4.8.1, target sm_90a, call path tvm_ffi")
+    assert len(lines) == 4 and all(ln.startswith("ok ") and "gemv_simt" in ln for ln in lines[1:])
+    bad = subprocess.run(run + ["sm_89"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "usage:" in bad.stderr
 
 
 @pytest.mark.slow

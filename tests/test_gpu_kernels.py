@@ -1,11 +1,13 @@
 """The kernels on a real GPU (marked `gpu`): contest check on every test, benchmark and odd shape, contest and
-full-range data, both scale layouts, bit-exact one-hot probes, determinism, and bad-input refusal; and the same
+full-range data, both scale layouts, bit-exact one-hot probes, determinism, and bad-input refusal, through both call
+paths (the library's TVM-FFI one on torch's stream, and the raw-pointer one of GPU MODE's runner); and the same
 numbers from the TMA-fed alternative kernel (cute_kernels.gemv_tma), called directly since dispatch does not pick it."""
 
 import pytest
 import torch
 
-from submission.kernel import custom_kernel
+from submission.dispatch import Dispatcher
+from submission.kernel import custom_kernel as library_entry
 from submission.reference import (
     check,
     check_fp32_bound,
@@ -21,9 +23,15 @@ pytestmark = pytest.mark.gpu
 
 SHAPES = list(TEST_SHAPES) + [s[:3] for s in BENCH_SHAPES] + list(ODD_SHAPES)
 SF_KINDS = ("permuted", "plain")
+POINTER_ENTRY = Dispatcher("pointers")  # what the generated file uses where apache-tvm-ffi is missing
 
 
-def _run(data, sf_kind):
+@pytest.fixture(params=["tvm_ffi", "pointers"])
+def custom_kernel(request):
+    return library_entry if request.param == "tvm_ffi" else POINTER_ENTRY.__call__
+
+
+def _run(custom_kernel, data, sf_kind):
     c = data[-1]
     c.fill_(float("nan"))
     out = custom_kernel(data, sf_kind=sf_kind)
@@ -40,9 +48,9 @@ def _ref(data):
 
 @pytest.mark.parametrize("sf_kind", SF_KINDS)
 @pytest.mark.parametrize("m,k,l", SHAPES)
-def test_contest_data(m, k, l, sf_kind):
+def test_contest_data(m, k, l, sf_kind, custom_kernel):
     data = generate_input(m, k, l, seed=1000 + m + k + l, device="cuda")
-    out = _run(data, sf_kind)
+    out = _run(custom_kernel, data, sf_kind)
     ref = _ref(data)
     ok, msg = check(out, ref)
     assert ok, msg
@@ -52,35 +60,35 @@ def test_contest_data(m, k, l, sf_kind):
 
 @pytest.mark.parametrize("sf_kind", SF_KINDS)
 @pytest.mark.parametrize("m,k,l", SHAPES)
-def test_full_range_data(m, k, l, sf_kind):
+def test_full_range_data(m, k, l, sf_kind, custom_kernel):
     data = generate_full_range(m, k, l, seed=7 * m + k + l, device="cuda")
-    out = _run(data, sf_kind)
+    out = _run(custom_kernel, data, sf_kind)
     ok, msg = check(out, _ref(data))
     assert ok, msg
 
 
 @pytest.mark.parametrize("sf_kind", SF_KINDS)
 @pytest.mark.parametrize("m,k,l", [(128, 256, 1), (129, 320, 2), (1000, 1024, 3)])
-def test_one_hot_probes_bit_exact(m, k, l, sf_kind):
+def test_one_hot_probes_bit_exact(m, k, l, sf_kind, custom_kernel):
     for col in sorted({0, 1, 15, 16, 17, 31, 32, 63, k // 2 + 1, k - 1}):
         data = one_hot_probe(m, k, l, col, seed=col, device="cuda")
-        out = _run(data, sf_kind)
+        out = _run(custom_kernel, data, sf_kind)
         exp = probe_expected(data, col).to(out.device)
         assert torch.equal(out.view(torch.int16), exp.view(torch.int16)), f"col {col}"
 
 
-def test_nonfinite_scales_propagate():
+def test_nonfinite_scales_propagate(custom_kernel):
     data = generate_full_range(256, 1024, 2, seed=3, device="cuda", nonfinite=True)
-    out = _run(data, "permuted")
+    out = _run(custom_kernel, data, "permuted")
     ok, msg = check(out, _ref(data))
     assert ok, msg
     assert torch.isnan(out).any()
 
 
 @pytest.mark.parametrize("m,k,l", [(7168, 2048, 4), (127, 4096, 8)])
-def test_bit_identical_across_100_runs(m, k, l):
+def test_bit_identical_across_100_runs(m, k, l, custom_kernel):
     data = generate_full_range(m, k, l, seed=11, device="cuda")
-    first = _run(data, "permuted")
+    first = _run(custom_kernel, data, "permuted")
     for _ in range(99):
         custom_kernel(data)
     torch.cuda.synchronize()
@@ -93,7 +101,7 @@ def _tuple_with(data, index, tensor):
     return tuple(data)
 
 
-def test_bad_input_on_first_call_names_the_tensor():
+def test_bad_input_on_first_call_names_the_tensor(custom_kernel):
     # A shape no other test uses, so this is the first call for its signature: the whole tuple is validated.
     data = generate_input(384, 320, 3, seed=0, device="cuda")
     with pytest.raises(ValueError, match="^sfa:"):
@@ -108,14 +116,14 @@ def test_bad_input_on_first_call_names_the_tensor():
         (0, lambda t: t[:, :64, :], "a"),  # a K that b, the scales and the strides disagree with
     ],
 )
-def test_bad_operand_after_a_good_call_names_the_tensor(index, make, name):
+def test_bad_operand_after_a_good_call_names_the_tensor(index, make, name, custom_kernel):
     data = generate_input(128, 256, 1, seed=0, device="cuda")
     custom_kernel(data)
     with pytest.raises(ValueError, match=f"^{name}:"):
         custom_kernel(_tuple_with(data, index, make(data[index])))
 
 
-def test_misaligned_operand_is_refused_after_a_good_call():
+def test_misaligned_operand_is_refused_after_a_good_call(custom_kernel):
     data = generate_input(128, 256, 1, seed=0, device="cuda")
     custom_kernel(data)
     a = data[0]
@@ -133,10 +141,10 @@ TMA_CONFIGS = {"default": dict(), "2 pieces, 2 stages, one CTA per unit": dict(p
 def _tma(name):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("gemv_tma is built and measured for sm_90")
-    from cute_kernels import gemv_tma, torch_queue
-    from submission.bench import on_permuted
+    from cute_kernels import gemv_tma
+    from submission.bench import on_permuted, on_torch_stream
 
-    fn = on_permuted(torch_queue.compile_tma(gemv_tma.GemvTmaConfig(**TMA_CONFIGS[name])))
+    fn = on_permuted(on_torch_stream(gemv_tma.GemvTma, gemv_tma.GemvTmaConfig(**TMA_CONFIGS[name])))
 
     def run(data):
         c = data[-1]
@@ -186,8 +194,9 @@ def test_stream_read_reads_every_word(nbytes):
     """The roofline kernel of `nvfp4-gemv bench` must read every 16-byte chunk: a buffer of zeros with the sentinel
     in one word folds to the sentinel (and is stored) only if that word was loaded."""
     from cute_kernels import stream_read
+    from submission.bench import on_torch_stream
 
-    fn = stream_read.compile().__tvm_ffi_object__()
+    fn = on_torch_stream(stream_read.StreamRead, stream_read.StreamReadConfig())
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     buf = torch.zeros(nbytes // 4, dtype=torch.int32, device="cuda")
     out = torch.zeros(1, dtype=torch.int32, device="cuda")

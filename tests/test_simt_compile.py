@@ -24,19 +24,20 @@ def ptx_of(tmp_path_factory):
     dump = tmp_path_factory.mktemp("dump")
     cache = {}
 
-    def get(arch, gpu_arch, sf_kind="permuted", kernel="simt", **kw):
-        key = (arch, gpu_arch, sf_kind, kernel, tuple(sorted(kw.items())))
+    def get(gpu_arch, sf_kind="permuted", kernel="simt", call="tvm_ffi", **kw):
+        key = (gpu_arch, sf_kind, kernel, call, tuple(sorted(kw.items())))
         if key not in cache:
-            module, config = {
-                "simt": ("gemv_simt", f"g.GemvSimtConfig(arch={arch!r}, sf_kind={sf_kind!r}, "),
-                "tma": ("gemv_tma", f"g.GemvTmaConfig(arch={arch!r}, "),
-                "stream_read": ("stream_read", "g.StreamReadConfig("),
+            module, cls, config = {
+                "simt": ("gemv_simt", "GemvSimt", f"g.GemvSimtConfig(sf_kind={sf_kind!r}, "),
+                "tma": ("gemv_tma", "GemvTma", "g.GemvTmaConfig("),
+                "stream_read": ("stream_read", "StreamRead", "g.StreamReadConfig("),
             }[kernel]
             code = (
                 "import json, sys\n"
+                "from cute_kernels.compile import compile_kernel\n"
                 f"from cute_kernels import {module} as g\n"
                 f"cfg = {config}**json.loads({json.dumps(json.dumps(kw))}))\n"
-                f"sys.stdout.write(g.compile(cfg, {gpu_arch!r}).__ptx__)\n"
+                f"sys.stdout.write(compile_kernel(g.{cls}, cfg, {gpu_arch!r}, call={call!r}).__ptx__)\n"
             )
             env = dict(os.environ, CUTE_DSL_DUMP_DIR=str(dump), **PTX_ENV)
             out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
@@ -53,7 +54,7 @@ def _count(ptx, pattern):
 
 @pytest.mark.parametrize("sf_kind", ["permuted", "plain"])
 def test_sm90a_ptx(ptx_of, sf_kind):
-    ptx = ptx_of("sm_90", "sm_90a", sf_kind)
+    ptx = ptx_of("sm_90a", sf_kind)
     assert ".target sm_90a" in ptx
     # A arrives in 16-byte vector loads that skip L1 allocation; no scalar or narrower loads of A.
     assert _count(ptx, r"ld\.global\.L1::no_allocate\.v4\.b32") >= 4
@@ -71,12 +72,23 @@ def test_sm90a_ptx(ptx_of, sf_kind):
 
 
 def test_sm100a_cuda_core_variant_uses_the_hardware_fp4_decode(ptx_of):
-    ptx = ptx_of("sm_100", "sm_100a")
+    ptx = ptx_of("sm_100a")
     assert ".target sm_100a" in ptx
     assert _count(ptx, r"cvt\.rn\.f16x2\.e2m1x2") > 0
     assert _count(ptx, r"fma\.rn\.f16x2") > 0
     assert _count(ptx, r"dp4a|prmt") == 0
     assert _count(ptx, r"ld\.local|st\.local") == 0
+
+
+@pytest.mark.parametrize("gpu_arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("sf_kind", ["permuted", "plain"])
+def test_pointer_call_path_builds_the_same_kernel(ptx_of, gpu_arch, sf_kind):
+    """The raw-pointer entry (GPU MODE's runner has no TVM-FFI) builds the same views: the kernel's memory
+    instructions and math are the TVM-FFI build's, count for count."""
+    tvm, ptr = ptx_of(gpu_arch, sf_kind), ptx_of(gpu_arch, sf_kind, call="pointers")
+    for pattern in (r"ld\.global\S*\.v4\.b32", r"ld\.global", r"st\.global", r"dp4a", r"prmt", r"e2m1x2",
+                    r"fma\.rn\.f16x2", r"ld\.local|st\.local", r"shfl"):
+        assert _count(ptr, pattern) == _count(tvm, pattern), pattern
 
 
 def test_one_compile_serves_every_shape():
@@ -92,32 +104,44 @@ def test_one_compile_serves_every_shape():
     assert not g.GemvSimt.can_implement(128, 96, 1) and not g.GemvSimt.can_implement(0, 256, 1)
 
 
-def test_library_and_contest_launch_paths_both_compile():
-    """The library's kernels take torch's current CUDA queue as one more TVM-FFI argument; the contest's do not."""
+def test_one_launch_method_takes_an_optional_stream():
+    """Every kernel launches through one `__call__(..., stream=None)`; the library passes torch's current stream
+    (TVM-FFI's environment stream), the contest nothing (the default stream)."""
     import inspect
 
-    from cute_kernels import gemv_simt, torch_queue
+    from cute_kernels import gemv_simt, gemv_tc_sm100, gemv_tma, stream_read
+
+    for cls in (gemv_simt.GemvSimt, gemv_tma.GemvTma, gemv_tc_sm100.GemvTcSm100, stream_read.StreamRead):
+        last = list(inspect.signature(cls.__call__).parameters.values())[-1]
+        assert last.name == "stream" and last.default is None, cls
+
+
+@pytest.mark.parametrize("call,stream", [("tvm_ffi", None), ("tvm_ffi", "torch"), ("pointers", None)])
+def test_compile_surface_caches_per_call_path_and_stream(call, stream):
+    from cute_kernels import gemv_simt
+    from cute_kernels.compile import compile_kernel
     from submission.dispatch import simt_config_for
 
     cfg = simt_config_for(7168, 2048, 4)
-    lib = inspect.signature(torch_queue.GemvSimtOnTorchStream.__call__).parameters
-    own = inspect.signature(gemv_simt.GemvSimt.__call__).parameters
-    assert list(lib)[:-1] == list(own) and len(lib) == len(own) + 1
-    assert torch_queue.compile_simt(cfg, "sm_90a") is torch_queue.compile_simt(cfg, "sm_90a")  # cached
-    assert gemv_simt.compile(cfg, "sm_90a") is not None
+    compiled = compile_kernel(gemv_simt.GemvSimt, cfg, "sm_90a", call=call, stream=stream)
+    assert compiled is compile_kernel(gemv_simt.GemvSimt, cfg, "sm_90a", call=call, stream=stream)  # cached
+    other = compile_kernel(gemv_simt.GemvSimt, cfg, "sm_100a", call=call, stream=stream)
+    assert other is not compiled  # the target is part of the key
 
 
-def test_tensor_core_kernel_on_torch_stream_compiles_for_sm100a():
-    """The library's Blackwell path (the tcgen05 kernel taking torch's current CUDA queue) builds on the CPU."""
-    from cute_kernels import torch_queue
+def test_tensor_core_kernel_compiles_for_sm100a_on_each_path():
+    """The library's Blackwell path (torch's current stream) and the pointer path build on the CPU."""
+    from cute_kernels import gemv_tc_sm100 as tc
+    from cute_kernels.compile import compile_kernel
 
-    compiled = torch_queue.compile_tc()
-    assert compiled is torch_queue.compile_tc()
+    for kw in ({"stream": "torch"}, {"call": "pointers"}):
+        compiled = compile_kernel(tc.GemvTcSm100, tc.GemvTcSm100Config(), "sm_100a", **kw)
+        assert compiled is compile_kernel(tc.GemvTcSm100, tc.GemvTcSm100Config(), "sm_100a", **kw)
 
 
 @pytest.mark.parametrize("kw", [{}, {"pieces": 2, "stages": 2, "ctas": 0}, {"decode": False}], ids=str)
 def test_tma_kernel_sm90a_ptx(ptx_of, kw):
-    ptx = ptx_of("sm_90", "sm_90a", kernel="tma", **kw)
+    ptx = ptx_of("sm_90a", kernel="tma", **kw)
     assert ".target sm_90a" in ptx
     # Seven TMA copies a stage, completed on mbarriers; A and its scales carry the evict-first L2 policy.
     assert _count(ptx, r"cp\.async\.bulk\.tensor\.\dd\.shared::cta\.global\.tile\.mbarrier::complete_tx::bytes") >= 7
@@ -139,7 +163,7 @@ def test_tma_kernel_sm90a_ptx(ptx_of, kw):
 def test_stream_read_sm90a_ptx(ptx_of, kw):
     """The roofline kernel: unrolled 128-bit loads with the chosen qualifiers, nothing else touching memory but
     one guarded store."""
-    ptx = ptx_of("sm_90", "sm_90a", kernel="stream_read", **kw)
+    ptx = ptx_of("sm_90a", kernel="stream_read", **kw)
     unroll = kw.get("unroll", 8)
     qualifier = {"cs": r"\.cs", "no_allocate": r"\.L1::no_allocate"}[kw.get("load", "no_allocate")]
     assert _count(ptx, rf"ld\.global{qualifier}\.v4\.b32") >= unroll + 1  # the unrolled body and the tail

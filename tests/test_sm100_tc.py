@@ -11,6 +11,7 @@ import cutlass.cute as cute
 
 from cute_kernels import gemv_tc_sm100 as tc
 from cute_kernels import tile_scheduler as ts
+from cute_kernels.compile import compile_kernel
 from layouts import closed_form, sf_cute
 
 TEST_SHAPES = [
@@ -29,7 +30,8 @@ TILE_K = tc.GemvTcSm100Config().tile_k
 @pytest.fixture(scope="module")
 def ptx(tmp_path_factory):
     dump = tmp_path_factory.mktemp("ptx")
-    compiled = tc.compile_for(extra_options=f"--keep-ptx --dump-dir={dump}")
+    compiled = compile_kernel(tc.GemvTcSm100, tc.GemvTcSm100Config(), "sm_100a",
+                              options=f"--keep-ptx --dump-dir={dump}")
     assert compiled.__ptx__, "compile produced no PTX"
     return compiled.__ptx__
 
@@ -57,12 +59,13 @@ def test_ptx_combines_splits_without_float_atomics(ptx):
 
 @pytest.mark.slow
 def test_compile_is_cached_per_config():
-    assert tc.compile() is tc.compile(tc.GemvTcSm100Config())
+    cfg = tc.GemvTcSm100Config()
+    assert compile_kernel(tc.GemvTcSm100, cfg, "sm_100a") is compile_kernel(tc.GemvTcSm100, cfg, "sm_100a")
 
 
 def test_compile_for_sm90_is_refused():
-    with pytest.raises(ValueError, match=r"sm_100a family.*sm_90a"):
-        tc.compile_for(arch="sm_90a")
+    with pytest.raises(ValueError, match=r"sm_100a.*sm_90a"):
+        compile_kernel(tc.GemvTcSm100, tc.GemvTcSm100Config(), "sm_90a")
 
 
 def test_can_implement():

@@ -1,0 +1,77 @@
+"""Host side of the sm_100a tensor-core GEMV (cute_kernels.gemv_tc_sm100): its split-K workspace and one launch.
+
+The kernel leaves fp32 partials of tiles split across CTAs in a workspace and counts arrivals per output tile in
+int32 counters that it returns to zero. Calls on different CUDA streams must not share them, so the workspace is
+kept per (device, stream); a new one is zeroed on the stream it serves before its first launch.
+"""
+
+from __future__ import annotations
+
+from cute_kernels import tile_scheduler as ts
+from cute_kernels.gemv_tc_sm100 import GemvTcSm100
+
+
+class Workspace:
+    """fp32 partials and int32 arrival counters of one (device, stream), grown on demand."""
+
+    def __init__(self):
+        self.partial = None
+        self.arrival = None
+
+    def get(self, device, num_ctas: int, num_tiles: int):
+        import torch
+
+        need_p = ts.workspace_elems(num_ctas)
+        if self.partial is None or self.partial.numel() < need_p:
+            self.partial = torch.empty(need_p, dtype=torch.float32, device=device)
+        if self.arrival is None or self.arrival.numel() < num_tiles:
+            self.arrival = torch.zeros(num_tiles, dtype=torch.int32, device=device)
+        return self.partial, self.arrival
+
+
+class TcLauncher:
+    """`(a, b, sfa_permuted, sfb_permuted, c) -> None` for a compiled GemvTcSm100: picks num_ctas for the shape
+    and the device's SM count, supplies the workspace, and makes one launch.
+
+    `fn` is the compiled function, TVM-FFI (torch tensors) or the pointer path (`pointers=True`: DSL pointers and
+    M, K, L). `workspace_key()` names what the workspace is kept per besides the device (the CUDA stream of the launch)."""
+
+    def __init__(self, fn, config, pointers: bool = False, workspace_key=lambda: None):
+        self.fn = fn
+        self.config = config
+        self.pointers = pointers
+        self.workspace_key = workspace_key
+        self.workspaces: dict = {}
+        self.sms: dict = {}
+
+    def __call__(self, a, b, sfa_permuted, sfb_permuted, c):
+        import torch
+
+        m, k2, l = a.shape  # noqa: E741
+        k = 2 * k2
+        if not GemvTcSm100.can_implement(m, k, l):
+            raise ValueError(f"gemv_tc_sm100: unsupported shape (M, K, L) = ({m}, {k}, {l}); K must be a multiple of 64")
+        dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
+        sms = self.sms.get(dev)
+        if sms is None:
+            sms = self.sms[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
+        num_ctas = ts.choose_num_ctas(m, k, l, sms, self.config.tile_k)
+        workspace = self.workspaces.setdefault((dev, self.workspace_key()), Workspace())
+        partial, arrival = workspace.get(a.device, num_ctas, ts.num_output_tiles(m, l))
+        if self.pointers:
+            import cutlass
+            import cutlass.cute as cute
+            from cutlass.cute.runtime import make_ptr
+
+            from cute_kernels.compile import gemv_pointers
+
+            ptrs = gemv_pointers([t.data_ptr() for t in (a, b, sfa_permuted, sfb_permuted, c)])
+            gmem = cute.AddressSpace.gmem
+            self.fn(
+                *ptrs, m, k, l,
+                make_ptr(cutlass.Float32, partial.data_ptr(), gmem, assumed_align=16),
+                make_ptr(cutlass.Int32, arrival.data_ptr(), gmem, assumed_align=4),
+                num_ctas,
+            )
+        else:
+            self.fn(a, b, sfa_permuted, sfb_permuted, c, partial, arrival, num_ctas)
