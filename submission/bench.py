@@ -312,7 +312,7 @@ def host_cost_table(log=print):
     d = generate_input(128, 256, 1, seed=0, device="cuda")
     a, b, _, _, sfa_p, sfb_p, c = d
     custom_kernel(d)
-    raw = DISPATCH.kernels[(a.shape, sfa_p.shape, "permuted")]
+    raw = DISPATCH.kernels[DISPATCH.key(a, b, sfa_p, sfb_p, c, "permuted")]
     rows = {
         "custom_kernel": host_cost_us(custom_kernel, d),
         "compiled function, raw TVM-FFI call": host_cost_us(lambda _d: raw(a, b, sfa_p, sfb_p, c), d),
@@ -330,3 +330,60 @@ def host_cost_table(log=print):
     for name, us in rows.items():
         log(f"{name:<42} {us:7.2f} us/call")
     return rows
+
+
+def call_path_table(entries, shapes, iters: int = 100, log=print):
+    """Host cost and contest timing of `custom_kernel` entries (name -> fn(data)), e.g. the contest dispatcher on
+    its TVM-FFI and its raw-pointer call path. Host cost: back-to-back wall µs per call on (128, 256, 1). Contest
+    timing: on each shape, interleaved entry by entry in the same run. Returns rows of dicts."""
+    from submission.reference import generate_input
+
+    rows = []
+    tiny = generate_input(128, 256, 1, seed=0, device="cuda")
+    for name, fn in entries.items():
+        us = host_cost_us(fn, tiny)
+        rows.append({"entry": name, "shape": (128, 256, 1), "host_us": us})
+        log(f"{name:<28} host cost {us:7.2f} us/call (back to back, 128x256x1)")
+    for m, k, l in shapes:  # noqa: E741
+        pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
+        for name, fn in entries.items():
+            us = contest_time_us(fn, pool, iters)
+            rows.append({"entry": name, "shape": (m, k, l), "contest_us": us})
+            log(f"{m:>6} {k:>6} {l:>2}  {name:<28} contest {us:8.2f} us")
+        del pool
+        torch.cuda.empty_cache()
+    return rows
+
+
+def load_submission_file(path):
+    """The generated single-file submission at `path`, imported under a private module name (its own file name,
+    submission.py, would clash with this package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("nvfp4_gemv_uploaded_submission", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_submission_file(path, shapes, log=print) -> bool:
+    """The generated file's custom_kernel on `shapes`: bit-identical to the reference on contest data, within the
+    contract's tolerance on full-range data (against the exact-sum bound), writing c in place. True if all pass."""
+    from submission.reference import check, check_fp32_bound, generate_full_range, generate_input, ref_kernel
+
+    sub = load_submission_file(path)
+    ok_all = True
+    for m, k, l in shapes:  # noqa: E741
+        data = generate_input(m, k, l, seed=m + k + l, device="cuda")
+        data[-1].fill_(float("nan"))
+        out = sub.custom_kernel(data)
+        torch.cuda.synchronize()
+        ref_data = list(data)
+        ref_data[-1] = torch.empty_like(data[-1])
+        ref = ref_kernel(tuple(ref_data))
+        exact = out.data_ptr() == data[-1].data_ptr() and torch.equal(out, ref) and check(out, ref)[0]
+        full = generate_full_range(m, k, l, seed=7 * m + k + l, device="cuda")
+        ok_full, msg = check_fp32_bound(sub.custom_kernel(full), full)
+        ok_all &= exact and ok_full
+        log(f"{m:>6} {k:>6} {l:>2}  contest data bit-exact: {exact}  full range: {ok_full} {'' if ok_full else msg}")
+    return ok_all
