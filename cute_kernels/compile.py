@@ -207,9 +207,12 @@ def gemv_fake_tensors(sf_kind: str, align: int = 16):
     b = make_fake_tensor(fp4, (128, k, l), stride=(k, 1, cute.sym_int(divisibility=64)), assumed_align=align)
     if sf_kind == "permuted":
         rm, rk = cute.sym_int(), cute.sym_int()
-        stride = (16, 4, cute.sym_int(divisibility=512), 1, 512, cute.sym_int(divisibility=512))
-        sfa = make_fake_tensor(e4m3, (32, 4, rm, 4, rk, l), stride=stride, assumed_align=align)
-        sfb = make_fake_tensor(e4m3, (32, 4, 1, 4, rk, l), stride=stride, assumed_align=align)
+
+        def stride():  # fresh symbols each: sfa's and sfb's block and batch strides differ
+            return (16, 4, cute.sym_int(divisibility=512), 1, 512, cute.sym_int(divisibility=512))
+
+        sfa = make_fake_tensor(e4m3, (32, 4, rm, 4, rk, l), stride=stride(), assumed_align=align)
+        sfb = make_fake_tensor(e4m3, (32, 4, 1, 4, rk, l), stride=stride(), assumed_align=align)
     else:
         kc = cute.sym_int(divisibility=4)
         sfa = make_fake_tensor(e4m3, (m, kc, l), stride=(kc, 1, cute.sym_int(divisibility=4)), assumed_align=align)
