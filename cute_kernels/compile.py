@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Int32, Int64
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cute_kernels.ptx import inline_ptx
@@ -221,33 +221,42 @@ def gemv_fake_tensors(sf_kind: str, align: int = 16):
     return a, b, sfa, sfb, c
 
 
-GEMV_POINTER_DTYPES = (
-    cutlass.Float4E2M1FN, cutlass.Float4E2M1FN, cutlass.Float8E4M3FN, cutlass.Float8E4M3FN, cutlass.Float16
-)
-POINTER_ALIGN = 16  # bytes; the kernels issue 16-byte loads, and submission.validate checks every base pointer
+GEMV_DTYPES = (cutlass.Float4E2M1FN, cutlass.Float4E2M1FN, cutlass.Float8E4M3FN, cutlass.Float8E4M3FN, cutlass.Float16)
+POINTER_ALIGN = 16  # bytes; the kernels issue 16-byte loads, and the pointer path checks every address per call
 
 
-def gemv_pointers(addresses):
-    """DSL pointers to the five GEMV operands (a, b, sf_a, sf_b, c) at integer device addresses."""
-    from cutlass.cute.runtime import make_ptr
+def global_ptr(dtype, address, align: int = POINTER_ALIGN):
+    """A global-memory pointer to `dtype` at an integer device address (inside jit code: an Int64 argument)."""
+    return cute.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
 
-    return tuple(
-        make_ptr(dt, p, cute.AddressSpace.gmem, assumed_align=POINTER_ALIGN)
-        for dt, p in zip(GEMV_POINTER_DTYPES, addresses)
-    )
+
+def operand_addresses(*tensors):
+    """The tensors' data_ptr()s for the pointer call path; ValueError if one is not POINTER_ALIGN-aligned (the
+    dispatcher then names the tensor through the validator)."""
+    addresses = [t.data_ptr() for t in tensors]
+    acc = 0
+    for p in addresses:
+        acc |= p
+    if acc % POINTER_ALIGN:
+        raise ValueError(f"an operand's data pointer is not {POINTER_ALIGN}-byte aligned: {addresses}")
+    return addresses
 
 
 class OnPointers:
-    """The jit entry of the pointer call path: builds the contest's operand views from raw pointers and (M, K, L),
-    then calls the kernel's own `__call__`."""
+    """The jit entry of the pointer call path: takes the five operands' device addresses (Python ints, the cheapest
+    arguments for the DSL's own runtime call) and (M, K, L), builds the contest's operand views, and calls the
+    kernel's own `__call__`. Nothing is checked on the device side: the caller validates the tensors first."""
 
     def __init__(self, kernel, sf_kind: str):
         self.kernel = kernel
         self.sf_kind = sf_kind
 
     @cute.jit
-    def views(self, pA, pB, pSFA, pSFB, pC, m, k, l):  # noqa: E741
-        """(a, b, sf_a, sf_b, c) tensors with the contest's layouts (validated on the host before any launch)."""
+    def views(self, a_addr, b_addr, sfa_addr, sfb_addr, c_addr, m, k, l):  # noqa: E741
+        """(a, b, sf_a, sf_b, c) tensors with the contest's layouts at the given addresses."""
+        pA, pB, pSFA, pSFB, pC = (
+            global_ptr(dt, addr) for dt, addr in zip(GEMV_DTYPES, (a_addr, b_addr, sfa_addr, sfb_addr, c_addr))
+        )
         k = cute.assume(k, divby=64)
         kc = k // 16
         rest_m = (m + 127) // 128
@@ -267,24 +276,27 @@ class OnPointers:
         return mA, mB, mSFA, mSFB, mC
 
     @cute.jit
-    def __call__(self, pA, pB, pSFA, pSFB, pC, m: Int32, k: Int32, l: Int32, stream=None):  # noqa: E741
-        self.kernel(*self.views(pA, pB, pSFA, pSFB, pC, m, k, l), stream=stream)
+    def __call__(self, a_addr: Int64, b_addr: Int64, sfa_addr: Int64, sfb_addr: Int64, c_addr: Int64,
+                 m: Int32, k: Int32, l: Int32, stream=None):  # noqa: E741
+        self.kernel(*self.views(a_addr, b_addr, sfa_addr, sfb_addr, c_addr, m, k, l), stream=stream)
 
 
 class OnPointersWithWorkspace(OnPointers):
-    """`OnPointers` for a kernel with a workspace (pointers to its partials and counters, and the CTA count), which
-    its `extra_views(m, l, partial, arrival, num_ctas)` turns into the kernel's own arguments."""
+    """`OnPointers` for a kernel with a workspace (the addresses of its partials and counters, and the CTA count),
+    which its `extra_views(m, l, partial_addr, arrival_addr, num_ctas)` turns into the kernel's own arguments."""
 
     @cute.jit
-    def __call__(self, pA, pB, pSFA, pSFB, pC, m: Int32, k: Int32, l: Int32,  # noqa: E741
-                 pPartial, pArrival, num_ctas: Int32, stream=None):
-        operands = self.views(pA, pB, pSFA, pSFB, pC, m, k, l)
-        self.kernel(*operands, *self.kernel.extra_views(m, l, pPartial, pArrival, num_ctas), stream=stream)
+    def __call__(self, a_addr: Int64, b_addr: Int64, sfa_addr: Int64, sfb_addr: Int64, c_addr: Int64,
+                 m: Int32, k: Int32, l: Int32, partial_addr: Int64, arrival_addr: Int64, num_ctas: Int32,  # noqa: E741
+                 stream=None):
+        operands = self.views(a_addr, b_addr, sfa_addr, sfb_addr, c_addr, m, k, l)
+        workspace = self.kernel.extra_views(m, l, partial_addr, arrival_addr, num_ctas)
+        self.kernel(*operands, *workspace, stream=stream)
 
 
 def pointer_fake_arguments():
-    """Fake pointers and sizes for compiling an `OnPointers` entry."""
-    return (*gemv_pointers((POINTER_ALIGN,) * 5), Int32(128), Int32(64), Int32(1))
+    """Fake addresses and sizes for compiling an `OnPointers` entry."""
+    return (*(Int64(POINTER_ALIGN),) * 5, Int32(128), Int32(64), Int32(1))
 
 
 # ---------------------------------------------------------------- launching
@@ -309,6 +321,7 @@ def _torch_stream():
 
 CALLS = ("tvm_ffi", "pointers")
 _COMPILED: dict = {}
+_TRAILING_NONE: dict = {}  # id(compiled) -> defaulted (None) parameters its TVM-FFI function still expects
 
 
 def compile_options(tgt: Target, call: str = "tvm_ffi", extra: str = "") -> str:
@@ -324,8 +337,8 @@ def compile_kernel(kernel_cls, config, tgt, *, call: str = "tvm_ffi", stream=Non
     """The compiled `kernel_cls(config, target)`, compiled once per (class, config, target, call, stream) and kept.
 
     call "tvm_ffi": compiled on `kernel_cls.fake_operands(config)`; the result takes torch tensors (TVM-FFI checks
-    their dtype, shape, strides, device and alignment). call "pointers": compiled through `OnPointers`; the result
-    takes `gemv_pointers(...)` and M, K, L. stream None: the default stream; "torch": torch's current stream
+    their dtype, shape, strides, device and alignment; call it through `raw_function`). call "pointers": compiled
+    through `OnPointers`; the result takes the operands' data_ptr()s and M, K, L (the caller validates). stream None: the default stream; "torch": torch's current stream
     (TVM-FFI). `options` are extra compile options; a call that gives any is not cached (e.g. a PTX dump).
     """
     tgt = target(tgt)
@@ -347,6 +360,11 @@ def compile_kernel(kernel_cls, config, tgt, *, call: str = "tvm_ffi", stream=Non
         if stream is not None:
             args = (*args, _torch_stream())
         compiled = cute.compile(fn, *args, options=compile_options(tgt, call, options))
+        if call == "tvm_ffi":
+            # TVM-FFI keeps every parameter of the jit signature, a defaulted `stream=None` left unpassed included.
+            import inspect
+
+            _TRAILING_NONE[id(compiled)] = len(inspect.signature(fn.__call__).parameters) - len(args)
         if not options:
             _COMPILED[key] = compiled
     return compiled
@@ -354,9 +372,16 @@ def compile_kernel(kernel_cls, config, tgt, *, call: str = "tvm_ffi", stream=Non
 
 def raw_function(compiled):
     """The positional TVM-FFI function of a compiled object, without the DSL's Python keyword shim (4.8.1 wraps
-    TVM-FFI functions in one; NVIDIA/cutlass issue 3527); the object itself where there is none."""
+    TVM-FFI functions in one; NVIDIA/cutlass issue 3527), taking just the operands; the object itself where it
+    has no TVM-FFI function."""
     get = getattr(compiled, "__tvm_ffi_object__", None)
-    return get() if get is not None else compiled
+    if get is None:
+        return compiled
+    fn = get()
+    pad = (None,) * _TRAILING_NONE.get(id(compiled), 0)
+    if pad:
+        return lambda *operands: fn(*operands, *pad)
+    return fn
 
 
 # Left out of the contest's single-file submission, which launches on the default stream only.

@@ -39,8 +39,8 @@ from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from cute_kernels import tile_scheduler as ts
 from cute_kernels.compile import (
-    OperandMajorMode, SmemAllocator, atomic_add_acq_rel_gpu, blockscaled_gemm, blockscaled_tiled_mma, launch,
-    load_relaxed_gpu_f32, member_ptr, tmem_allocator,
+    OperandMajorMode, SmemAllocator, atomic_add_acq_rel_gpu, blockscaled_gemm, blockscaled_tiled_mma, global_ptr,
+    launch, load_relaxed_gpu_f32, member_ptr, tmem_allocator,
 )
 from layouts import sf_cute
 from layouts.sf_cute import SF_VEC
@@ -117,21 +117,17 @@ class GemvTcSm100:
 
     @staticmethod
     def fake_pointer_extras(config: GemvTcSm100Config):
-        """The workspace arguments of the pointer call path: partial (fp32), arrival (int32), num_ctas."""
-        from cutlass.cute.runtime import make_ptr
-
-        gmem = cute.AddressSpace.gmem
-        return (
-            make_ptr(cutlass.Float32, 16, gmem, assumed_align=16),
-            make_ptr(cutlass.Int32, 16, gmem, assumed_align=4),
-            cutlass.Int32(SM100_NUM_SMS),
-        )
+        """The workspace arguments of the pointer call path: addresses of partial (fp32) and arrival (int32), and
+        num_ctas."""
+        return (cutlass.Int64(16), cutlass.Int64(16), cutlass.Int32(SM100_NUM_SMS))
 
     @cute.jit
-    def extra_views(self, m, l, pPartial, pArrival, num_ctas):  # noqa: E741
-        """The workspace as tensors, from the pointer call path's raw pointers: (partial, arrival, num_ctas)."""
-        partial = cute.make_tensor(pPartial, cute.make_layout(ts.workspace_elems(num_ctas)))
-        arrival = cute.make_tensor(pArrival, cute.make_layout(ts.num_output_tiles(m, l)))
+    def extra_views(self, m, l, partial_addr, arrival_addr, num_ctas):  # noqa: E741
+        """The workspace as tensors, from the pointer call path's addresses: (partial, arrival, num_ctas)."""
+        partial = cute.make_tensor(global_ptr(cutlass.Float32, partial_addr),
+                                   cute.make_layout(ts.workspace_elems(num_ctas)))
+        arrival = cute.make_tensor(global_ptr(cutlass.Int32, arrival_addr, 4),
+                                   cute.make_layout(ts.num_output_tiles(m, l)))
         return partial, arrival, num_ctas
 
     @cute.jit

@@ -33,8 +33,8 @@ class TcLauncher:
     """`(a, b, sfa_permuted, sfb_permuted, c) -> None` for a compiled GemvTcSm100: picks num_ctas for the shape
     and the device's SM count, supplies the workspace, and makes one launch.
 
-    `fn` is the compiled function, TVM-FFI (torch tensors) or the pointer path (`pointers=True`: DSL pointers and
-    M, K, L). `workspace_key()` names what the workspace is kept per besides the device (the CUDA stream of the launch)."""
+    `fn` is the compiled function, TVM-FFI (torch tensors) or the pointer path (`pointers=True`: the operands'
+    addresses and M, K, L; the caller has validated the operands). `workspace_key()` names what the workspace is kept per besides the device (the CUDA stream of the launch)."""
 
     def __init__(self, fn, config, pointers: bool = False, workspace_key=lambda: None):
         self.fn = fn
@@ -59,19 +59,9 @@ class TcLauncher:
         workspace = self.workspaces.setdefault((dev, self.workspace_key()), Workspace())
         partial, arrival = workspace.get(a.device, num_ctas, ts.num_output_tiles(m, l))
         if self.pointers:
-            import cutlass
-            import cutlass.cute as cute
-            from cutlass.cute.runtime import make_ptr
+            from cute_kernels.compile import operand_addresses
 
-            from cute_kernels.compile import gemv_pointers
-
-            ptrs = gemv_pointers([t.data_ptr() for t in (a, b, sfa_permuted, sfb_permuted, c)])
-            gmem = cute.AddressSpace.gmem
-            self.fn(
-                *ptrs, m, k, l,
-                make_ptr(cutlass.Float32, partial.data_ptr(), gmem, assumed_align=16),
-                make_ptr(cutlass.Int32, arrival.data_ptr(), gmem, assumed_align=4),
-                num_ctas,
-            )
+            addresses = operand_addresses(a, b, sfa_permuted, sfb_permuted, c)
+            self.fn(*addresses, m, k, l, partial.data_ptr(), arrival.data_ptr(), num_ctas)
         else:
             self.fn(a, b, sfa_permuted, sfb_permuted, c, partial, arrival, num_ctas)

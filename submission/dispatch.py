@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from cute_kernels import gemv_simt, gemv_tc_sm100
-from cute_kernels.compile import POINTER_ALIGN, compile_kernel, gemv_pointers, raw_function, target
+from cute_kernels.compile import compile_kernel, operand_addresses, raw_function, target
 from cute_kernels.tc_workspace import TcLauncher
 from submission.validate import validate_inputs
 
@@ -61,11 +61,8 @@ def _on_pointers(fn, m: int, k: int, l: int):  # noqa: E741
     """A launcher (a, b, sf_a, sf_b, c) for a pointer-path compiled function of a fixed (M, K, L)."""
 
     def run(a, b, sa, sb, c):
-        addresses = [t.data_ptr() for t in (a, b, sa, sb, c)]
-        for name, p in zip(("a", "b", "sf_a", "sf_b", "c"), addresses):
-            if p % POINTER_ALIGN:
-                raise ValueError(f"{name}: expected a {POINTER_ALIGN}-byte aligned data pointer, got {p:#x}")
-        fn(*gemv_pointers(addresses), m, k, l)
+        addresses = operand_addresses(a, b, sa, sb, c)
+        fn(*addresses, m, k, l)
 
     return run
 

@@ -127,6 +127,11 @@ def test_compile_surface_caches_per_call_path_and_stream(call, stream):
     assert compiled is compile_kernel(gemv_simt.GemvSimt, cfg, "sm_90a", call=call, stream=stream)  # cached
     other = compile_kernel(gemv_simt.GemvSimt, cfg, "sm_100a", call=call, stream=stream)
     assert other is not compiled  # the target is part of the key
+    # TVM-FFI keeps an unpassed `stream=None` as a parameter; raw_function supplies it so callers pass 5 operands.
+    from cute_kernels import compile as surface
+
+    expected = 1 if (call, stream) == ("tvm_ffi", None) else 0
+    assert surface._TRAILING_NONE.get(id(compiled), 0) == expected
 
 
 def test_tensor_core_kernel_compiles_for_sm100a_on_each_path():
