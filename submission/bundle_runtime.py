@@ -103,7 +103,7 @@ def dispatched_kernels(prefix, gpu_arch):
     compile_mod = embedded(prefix, "cute_kernels.compile")
     if gpu_arch not in compile_mod.GPU_ARCHS:
         raise ValueError(f"gpu arch must be one of {compile_mod.GPU_ARCHS}, got {gpu_arch!r}")
-    dispatch = embedded(prefix, "submission.dispatch")
+    dispatch = embedded(prefix, "nvfp4_gemv.dispatch")
     simt = embedded(prefix, "cute_kernels.gemv_simt")
     out = []
     for k_max, _, _, _ in dispatch.SIMT_TABLE:
@@ -119,7 +119,7 @@ def compile_for_arch(prefix, gpu_arch, variant="simt", m=7168, k=16384, l=1):  #
     """Compile one dispatched kernel for `gpu_arch` without a GPU, on the contest entry's call path, and return
     the compiled object. sm_90a has variant "simt"; sm_100a has "simt" (hardware fp4 decode) and "tc" (tcgen05)."""
     compile_mod = embedded(prefix, "cute_kernels.compile")
-    dispatch = embedded(prefix, "submission.dispatch")
+    dispatch = embedded(prefix, "nvfp4_gemv.dispatch")
     contest = embedded(prefix, "submission.contest")
     tgt = compile_mod.target(gpu_arch)
     if variant == "simt":

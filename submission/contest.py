@@ -8,7 +8,7 @@ runtime) where it is not, as on GPU MODE's runner.
 from __future__ import annotations
 
 from cute_kernels.compile import has_tvm_ffi
-from submission.dispatch import Dispatcher
+from nvfp4_gemv.dispatch import Dispatcher
 
 DISPATCH = Dispatcher("tvm_ffi" if has_tvm_ffi() else "pointers")
 custom_kernel = DISPATCH.__call__

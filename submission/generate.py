@@ -21,7 +21,7 @@ from pathlib import Path
 RUNTIME_MODULE = "submission.bundle_runtime"
 BUNDLE_PACKAGE = "_nvfp4_gemv_bundle"
 ENTRY_MODULE = "submission.contest"  # the dispatcher on the default CUDA stream
-PROJECT_PACKAGES = ("cute_kernels", "layouts", "submission")
+PROJECT_PACKAGES = ("cute_kernels", "layouts", "nvfp4_gemv", "submission")
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from submission import cli, plots
-from submission import shapes as shapes_mod
+from nvfp4_gemv import cli, plots
+from nvfp4_gemv import shapes as shapes_mod
 from submission.reference import FP4_E2M1_LUT, generate_full_range, ref_kernel
-from submission.shapes import BENCH_SHAPES, TEST_SHAPES, bytes_moved
+from nvfp4_gemv.shapes import BENCH_SHAPES, TEST_SHAPES, bytes_moved
 
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="tests the CLI's no-GPU path")
 
@@ -288,6 +288,6 @@ def test_argument_errors_exit_nonzero(argv, message, capsys):
 
 
 def test_console_script_reports_bad_shape():
-    r = subprocess.run([sys.executable, "-m", "submission.cli", "bench", "--shapes", "0,64,1"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "nvfp4_gemv.cli", "bench", "--shapes", "0,64,1"], capture_output=True,
                        text=True)
     assert r.returncode == 2 and "M must be >= 1" in r.stderr

@@ -6,7 +6,7 @@ import pytest
 from cute_kernels import gemv_simt, gemv_tc_sm100
 from cute_kernels.compile import Target
 from cute_kernels.tc_workspace import TcLauncher
-from submission.dispatch import Dispatcher, simt_config_for
+from nvfp4_gemv.dispatch import Dispatcher, simt_config_for
 
 
 class _Compiled:
@@ -96,7 +96,7 @@ def test_the_contest_entry_uses_the_default_stream_and_the_available_call_path()
 
 
 def test_the_library_entry_follows_torchs_current_stream():
-    from submission import kernel
+    from nvfp4_gemv import kernel
 
     assert kernel.DISPATCH.compile.keywords == {"call": "tvm_ffi", "stream": "torch"}
 
@@ -113,7 +113,7 @@ def test_malformed_tuples_get_the_validators_error(data):
 def test_known_signature_calls_the_cached_kernel_and_names_a_refused_operand(monkeypatch):
     """The per-call path: a signature seen before goes straight to its compiled function with the operands the
     layout picks; if that function refuses them, the error is the validator's, naming the tensor."""
-    from submission import dispatch
+    from nvfp4_gemv import dispatch
     from submission.reference import generate_input
 
     d = generate_input(128, 256, 1, seed=0, device="cpu")

@@ -68,12 +68,12 @@ def test_embeds_exactly_the_modules_kernel_needs_in_dependency_order(text):
     assert list(sources) == [n for n, _ in collect_modules()]
     assert set(sources) >= {
         "layouts.sf_cute", "cute_kernels.compile", "cute_kernels.decode", "cute_kernels.tile_scheduler",
-        "cute_kernels.gemv_simt", "cute_kernels.gemv_tc_sm100", "cute_kernels.tc_workspace", "submission.validate",
-        "submission.dispatch", "submission.contest",
+        "cute_kernels.gemv_simt", "cute_kernels.gemv_tc_sm100", "cute_kernels.tc_workspace", "nvfp4_gemv.validate",
+        "nvfp4_gemv.dispatch", "submission.contest",
     }  # fmt: skip
     # the library's host-side tools never ride along; the runtime is top-level code, not an embedded module
-    assert not set(sources) & {"submission.reference", "submission.bench", "submission.cli", "submission.generate",
-                               "submission.op", "submission.kernel", "submission.bundle_runtime",
+    assert not set(sources) & {"submission.reference", "nvfp4_gemv.bench", "nvfp4_gemv.cli", "submission.generate",
+                               "nvfp4_gemv.op", "nvfp4_gemv.kernel", "submission.bundle_runtime",
                                "cute_kernels.gemv_tma", "cute_kernels.stream_read"}
     seen = set()
     for name, src in sources.items():
@@ -83,8 +83,8 @@ def test_embeds_exactly_the_modules_kernel_needs_in_dependency_order(text):
                 mod = node.module[len(BUNDLE_PACKAGE) + 1 :]
                 needs |= {f"{mod}.{a.name}" if f"{mod}.{a.name}" in sources else mod for a in node.names}
         assert needs - {name} <= seen, f"{name} needs {needs - seen} before it"
-        if name == "submission.dispatch":
-            assert {"submission.validate", "cute_kernels.gemv_simt", "cute_kernels.gemv_tc_sm100"} <= needs
+        if name == "nvfp4_gemv.dispatch":
+            assert {"nvfp4_gemv.validate", "cute_kernels.gemv_simt", "cute_kernels.gemv_tc_sm100"} <= needs
         seen.add(name)
 
 
@@ -356,7 +356,7 @@ def test_generated_submission_passes_the_contest_check(text, tmp_path):
     import torch
 
     from submission.reference import check, generate_input, ref_kernel
-    from submission.shapes import TEST_SHAPES
+    from nvfp4_gemv.shapes import TEST_SHAPES
 
     path = generate.write_submission(tmp_path / "submission.py")
     spec = importlib.util.spec_from_file_location("nvfp4_gemv_generated_submission", path)

@@ -6,8 +6,8 @@ numbers from the TMA-fed alternative kernel (cute_kernels.gemv_tma), called dire
 import pytest
 import torch
 
-from submission.dispatch import Dispatcher
-from submission.kernel import custom_kernel as library_entry
+from nvfp4_gemv.dispatch import Dispatcher
+from nvfp4_gemv.kernel import custom_kernel as library_entry
 from submission.reference import (
     check,
     check_fp32_bound,
@@ -17,7 +17,7 @@ from submission.reference import (
     probe_expected,
     ref_kernel,
 )
-from submission.shapes import BENCH_SHAPES, ODD_SHAPES, TEST_SHAPES
+from nvfp4_gemv.shapes import BENCH_SHAPES, ODD_SHAPES, TEST_SHAPES
 
 pytestmark = pytest.mark.gpu
 
@@ -142,7 +142,7 @@ def _tma(name):
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("gemv_tma is built and measured for sm_90")
     from cute_kernels import gemv_tma
-    from submission.bench import on_permuted, on_torch_stream
+    from nvfp4_gemv.bench import on_permuted, on_torch_stream
 
     fn = on_permuted(on_torch_stream(gemv_tma.GemvTma, gemv_tma.GemvTmaConfig(**TMA_CONFIGS[name])))
 
@@ -194,7 +194,7 @@ def test_stream_read_reads_every_word(nbytes):
     """The roofline kernel of `nvfp4-gemv bench` must read every 16-byte chunk: a buffer of zeros with the sentinel
     in one word folds to the sentinel (and is stored) only if that word was loaded."""
     from cute_kernels import stream_read
-    from submission.bench import on_torch_stream
+    from nvfp4_gemv.bench import on_torch_stream
 
     fn = on_torch_stream(stream_read.StreamRead, stream_read.StreamReadConfig())
     sms = torch.cuda.get_device_properties(0).multi_processor_count

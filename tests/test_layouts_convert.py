@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from layouts import closed_form as cf
-from submission.shapes import TEST_SHAPES
+from nvfp4_gemv.shapes import TEST_SHAPES
 from layouts import convert
 
 CONTEST_SHAPES = list(TEST_SHAPES)

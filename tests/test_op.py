@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from submission import op
+from nvfp4_gemv import op
 from submission.reference import generate_full_range, generate_input, ref_kernel
-from submission.shapes import TEST_SHAPES
+from nvfp4_gemv.shapes import TEST_SHAPES
 
 SHAPE = (129, 320, 2)  # ragged M, K a multiple of 64 only, L > 1
 
@@ -139,7 +139,7 @@ def _cuda_pair(m, k, l, seed):
 
 
 def _custom_kernel_out(data):
-    from submission.kernel import custom_kernel
+    from nvfp4_gemv.kernel import custom_kernel
 
     out = custom_kernel(data).clone()
     torch.cuda.synchronize()

@@ -1,4 +1,4 @@
-"""Tests of submission.reference and submission.shapes against CONTRACT.md and an independent float64 GEMV.
+"""Tests of submission.reference and nvfp4_gemv.shapes against CONTRACT.md and an independent float64 GEMV.
 
 The independent GEMV reads each tensor's raw storage at CONTRACT.md's byte offsets and decodes fp4 and e4m3 from
 their bit formulas in numpy, so it shares neither the LUT, the strides nor torch's float8 cast with the reference.
@@ -23,7 +23,7 @@ from submission.reference import (
     probe_expected,
     ref_kernel,
 )
-from submission.shapes import BENCH_SHAPES, ODD_SHAPES, TEST_SHAPES, bytes_moved, floor_us
+from nvfp4_gemv.shapes import BENCH_SHAPES, ODD_SHAPES, TEST_SHAPES, bytes_moved, floor_us
 
 FP4 = torch.float4_e2m1fn_x2
 FP8 = torch.float8_e4m3fn

@@ -93,8 +93,8 @@ def test_pointer_call_path_builds_the_same_kernel(ptx_of, gpu_arch, sf_kind):
 
 def test_one_compile_serves_every_shape():
     from cute_kernels import gemv_simt as g
-    from submission.kernel import simt_config_for
-    from submission.shapes import BENCH_SHAPES, ODD_SHAPES, TEST_SHAPES
+    from nvfp4_gemv.kernel import simt_config_for
+    from nvfp4_gemv.shapes import BENCH_SHAPES, ODD_SHAPES, TEST_SHAPES
 
     shapes = list(TEST_SHAPES) + [s.mkl for s in BENCH_SHAPES] + list(ODD_SHAPES)
     configs = {simt_config_for(*s) for s in shapes}
@@ -120,7 +120,7 @@ def test_one_launch_method_takes_an_optional_stream():
 def test_compile_surface_caches_per_call_path_and_stream(call, stream):
     from cute_kernels import gemv_simt
     from cute_kernels.compile import compile_kernel
-    from submission.dispatch import simt_config_for
+    from nvfp4_gemv.dispatch import simt_config_for
 
     cfg = simt_config_for(7168, 2048, 4)
     compiled = compile_kernel(gemv_simt.GemvSimt, cfg, "sm_90a", call=call, stream=stream)

@@ -1,11 +1,11 @@
-"""Tests of submission.validate: valid contest tuples pass; each malformed input raises ValueError naming its tensor."""
+"""Tests of nvfp4_gemv.validate: valid contest tuples pass; each malformed input raises ValueError naming its tensor."""
 
 import pytest
 import torch
 
 from submission.reference import generate_full_range, generate_input
-from submission.shapes import ODD_SHAPES, TEST_SHAPES
-from submission.validate import NAMES, validate_inputs, validate_problem
+from nvfp4_gemv.shapes import ODD_SHAPES, TEST_SHAPES
+from nvfp4_gemv.validate import NAMES, validate_inputs, validate_problem
 
 M, K, L = 129, 320, 2  # ragged M, K a multiple of 64 only, L > 1: every dimension has extent > 1
 

@@ -6,7 +6,7 @@ functionalization turns it into `auto_functionalized`, which Inductor re-inplace
 writes straight into c. (An op returning a new tensor would allocate c every call; one returning c itself is not
 allowed, since custom-op outputs may not alias inputs.) The fake implementation checks shapes, dtypes and strides
 against CONTRACT.md from metadata alone, so a bad input fails while tracing with the same ValueError as at run time.
-The CUDA implementation launches the kernel that `submission.kernel` selects; the CPU one runs the reference.
+The CUDA implementation launches the kernel that `nvfp4_gemv.kernel` selects; the CPU one runs the reference.
 
 `nvfp4_gemv(a, b, sfa_permuted, sfb_permuted, c) -> c` is the entry to use: while torch.compile traces it calls the
 op; in eager mode it calls the compiled kernel directly (one dict lookup and one launch, no dispatcher).
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from submission.validate import B_ROWS, OPERANDS, validate_operands
+from nvfp4_gemv.validate import B_ROWS, OPERANDS, validate_operands
 
 OP_NAME = "nvfp4_gemv::gemv"
 __all__ = ["OPERANDS", "OP_NAME", "gemv", "gemv_eager", "nvfp4_gemv", "validate_operands"]
@@ -26,12 +26,12 @@ __all__ = ["OPERANDS", "OP_NAME", "gemv", "gemv_eager", "nvfp4_gemv", "validate_
 
 
 def gemv_eager(a, b, sfa_permuted, sfb_permuted, c):
-    """Fill and return c without the dispatcher: CUDA tensors go straight to submission.kernel's dispatcher (one
+    """Fill and return c without the dispatcher: CUDA tensors go straight to nvfp4_gemv.kernel's dispatcher (one
     dict lookup and one launch); other devices go through the op (the CPU implementation runs the reference)."""
     if a.device.type != "cuda":
         torch.ops.nvfp4_gemv.gemv.default(a, b, sfa_permuted, sfb_permuted, c)
         return c
-    from submission.kernel import DISPATCH
+    from nvfp4_gemv.kernel import DISPATCH
 
     return DISPATCH.run(
         a, b, sfa_permuted, sfb_permuted, c, "permuted",

@@ -3,7 +3,7 @@
 A `Dispatcher` compiles through `cute_kernels.compile` with one call path (TVM-FFI, or raw pointers where
 apache-tvm-ffi is missing) and one stream (None: the default stream, the contest's; "torch": torch's current one,
 the library's), and keeps a cache of launchers per shape signature. The first call with a new signature validates
-the whole tuple (submission.validate) and picks and compiles a kernel for the device; later calls make one launch.
+the whole tuple (nvfp4_gemv.validate) and picks and compiles a kernel for the device; later calls make one launch.
 On the TVM-FFI path the compiled function's own argument checks (dtype, shape, strides, device, alignment) guard
 the launch; on the pointer path the signature key holds dtypes, shapes, strides and device, and every call checks
 the pointers' alignment. Nothing is allocated per call.
@@ -24,7 +24,7 @@ import torch
 from cute_kernels import gemv_simt, gemv_tc_sm100
 from cute_kernels.compile import compile_kernel, operand_addresses, raw_function, target
 from cute_kernels.tc_workspace import TcLauncher
-from submission.validate import validate_inputs
+from nvfp4_gemv.validate import validate_inputs
 
 SM100_VARIANTS = ("tc", "simt")
 _DEFAULT_SM100 = "tc"

@@ -80,7 +80,7 @@ def _has_cuda() -> bool:
 
 
 def _shape_arg(text: str) -> tuple[int, int, int]:
-    from submission.validate import validate_problem
+    from nvfp4_gemv.validate import validate_problem
 
     parts = text.split(",")
     if len(parts) != 3:
@@ -96,7 +96,7 @@ def _shape_arg(text: str) -> tuple[int, int, int]:
 
 
 def _check_shapes(which: str):
-    from submission.shapes import ODD_SHAPES, TEST_SHAPES
+    from nvfp4_gemv.shapes import ODD_SHAPES, TEST_SHAPES
 
     return list(TEST_SHAPES) if which == "contest" else list(TEST_SHAPES) + list(ODD_SHAPES)
 
@@ -194,8 +194,8 @@ def kernel_builders(arch: str, sf_kinds=SF_KINDS):
     """[(name, build)] for the kernels of a target: sm_90a -> the CUDA-core kernel in each scale layout; sm_100a -> the
     tensor-core kernel (permuted scales only) and the CUDA-core kernel with the hardware fp4 decode. The CUDA-core
     configs are those custom_kernel picks for the first benchmark shape."""
-    from submission.kernel import simt_config_for
-    from submission.shapes import BENCH_SHAPES
+    from nvfp4_gemv.kernel import simt_config_for
+    from nvfp4_gemv.shapes import BENCH_SHAPES
 
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
@@ -257,7 +257,7 @@ def _cmd_check(args) -> int:
 def _check_gpu(shapes, sf_kinds, log) -> int:
     import torch
 
-    from submission.kernel import custom_kernel
+    from nvfp4_gemv.kernel import custom_kernel
     from submission.reference import check, ref_kernel
 
     rows, failed = [], 0
@@ -319,7 +319,7 @@ CSV_FIELDS = ("m", "k", "l", "variant", "bytes", "floor_us", "contest_us", "grap
 
 def floor_rows(shapes, bandwidth: float, kind: str):
     """Rows of the floor table: bytes moved and bytes/bandwidth per shape (bandwidth in bytes/s)."""
-    from submission.shapes import bytes_moved, floor_us
+    from nvfp4_gemv.shapes import bytes_moved, floor_us
 
     return [
         {"m": m, "k": k, "l": l, "variant": "floor", "bytes": bytes_moved(m, k, l),
@@ -330,7 +330,7 @@ def floor_rows(shapes, bandwidth: float, kind: str):
 
 
 def _b200_sol(shape):
-    from submission.shapes import BENCH_SHAPES
+    from nvfp4_gemv.shapes import BENCH_SHAPES
 
     return {s.mkl: s.b200_sol_us for s in BENCH_SHAPES}.get(tuple(shape), float("nan"))
 
@@ -350,8 +350,8 @@ def write_csv(rows, path: Path):
 
 
 def _cmd_bench(args) -> int:
-    from submission import plots
-    from submission.shapes import BENCH_SHAPES
+    from nvfp4_gemv import plots
+    from nvfp4_gemv.shapes import BENCH_SHAPES
 
     log = Progress()
     shapes = args.shapes or [s.mkl for s in BENCH_SHAPES]
@@ -375,8 +375,8 @@ def _cmd_bench(args) -> int:
         print(f"wrote {out / 'bench.csv'} and {png}")
         return 0 if cok else 1
 
-    from submission.bench import STREAM_READ, benchmark_shapes
-    from submission.shapes import bytes_moved
+    from nvfp4_gemv.bench import STREAM_READ, benchmark_shapes
+    from nvfp4_gemv.shapes import bytes_moved
 
     bw, raw = benchmark_shapes(shapes, iters=args.iters, baselines=not args.no_baselines, log=log)
     rows = []
@@ -537,7 +537,7 @@ def _cmd_compile(args) -> int:
     log = Progress()
     with tempfile.TemporaryDirectory(prefix="nvfp4-gemv-dump-") as dump:
         env = dict(os.environ, CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=dump, CUTE_DSL_ARCH=args.arch)
-        code = "import sys; from submission.cli import compile_artifacts; sys.exit(compile_artifacts(*sys.argv[1:]))"
+        code = "import sys; from nvfp4_gemv.cli import compile_artifacts; sys.exit(compile_artifacts(*sys.argv[1:]))"
         log(f"compiling the {args.arch} kernels in a child process (CUTE_DSL_KEEP=ptx,cubin)")
         rc = subprocess.run([sys.executable, "-c", code, args.arch, str(out)], env=env).returncode
     if rc != 0:

@@ -15,7 +15,7 @@ import statistics
 
 import torch
 
-from submission.shapes import bytes_moved, floor_us
+from nvfp4_gemv.shapes import bytes_moved, floor_us
 
 POOL_BYTES = 256 << 20
 FLUSH_BYTES = 256 << 20  # > 5x the H200's 50 MB L2
@@ -202,7 +202,7 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
     """Contest and graph timing of custom_kernel on each (m, k, l), beside the baselines, with the copy floor.
 
     Returns (bandwidth bytes/s, rows): a row is a dict of shape, variant, contest µs, graph µs, floor µs."""
-    from submission.kernel import custom_kernel
+    from nvfp4_gemv.kernel import custom_kernel
     from submission.reference import generate_input
 
     bw = copy_bandwidth()
@@ -240,9 +240,9 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
 def profile_workload(shapes=None, repeats: int = 2):
     """Launches to profile with ncu: for each shape, custom_kernel and the stream read of the same bytes, `repeats`
     times each, each after a 1 GiB write that evicts the previous call's lines. BENCHMARKS.md gives the command."""
-    from submission.kernel import custom_kernel
+    from nvfp4_gemv.kernel import custom_kernel
     from submission.reference import generate_input
-    from submission.shapes import BENCH_SHAPES
+    from nvfp4_gemv.shapes import BENCH_SHAPES
 
     for m, k, l in shapes or [s.mkl for s in BENCH_SHAPES]:  # noqa: E741
         data = generate_input(m, k, l, seed=1, device="cuda")
@@ -285,7 +285,7 @@ def tma_variants():
 
 def sweep_simt_configs(shapes, configs, log=print):
     """Graph-timed µs of the CUDA-core kernel for each config on each shape (kernel time only, L2 defeated by the
-    rotated pool); returns {(shape, config): µs}. Used to fill the config table in submission.dispatch."""
+    rotated pool); returns {(shape, config): µs}. Used to fill the config table in nvfp4_gemv.dispatch."""
     from cute_kernels.gemv_simt import GemvSimt
     from submission.reference import generate_input
 
@@ -306,7 +306,7 @@ def host_cost_table(log=print):
     """Per-call wall µs on a tiny shape (128, 256, 1), issued back to back: custom_kernel, the raw compiled
     function, the torch op, and torch's own smallest launch (c.zero_()) as the machine's floor for any launch;
     plus the same kernel replayed from a CUDA graph (GPU time per call without host cost)."""
-    from submission.kernel import DISPATCH, custom_kernel
+    from nvfp4_gemv.kernel import DISPATCH, custom_kernel
     from submission.reference import generate_input
 
     d = generate_input(128, 256, 1, seed=0, device="cuda")
@@ -320,7 +320,7 @@ def host_cost_table(log=print):
         "CUDA-graph replay, per call": graph_time_us(custom_kernel, [d] * 50),
     }
     try:
-        from submission.op import nvfp4_gemv
+        from nvfp4_gemv.op import nvfp4_gemv
 
         rows["torch op nvfp4_gemv (eager)"] = host_cost_us(lambda _d: nvfp4_gemv(a, b, sfa_p, sfb_p, c), d)
         op = torch.ops.nvfp4_gemv.gemv

@@ -2,7 +2,7 @@
 
 A GEMV is memory-bound, so the roofline is the line t = bytes / bandwidth (the copy bandwidth measured in the same
 run, or a stated nominal one); every variant's time for every shape is a point, and its height over the line is
-its factor over the floor. Rows are the dicts `submission.cli` writes to bench.csv: m, k, l, variant, bytes,
+its factor over the floor. Rows are the dicts `nvfp4_gemv.cli` writes to bench.csv: m, k, l, variant, bytes,
 floor_us, contest_us, graph_us (NaN where not timed). Uses matplotlib's Agg backend; draws nothing on screen.
 """
 

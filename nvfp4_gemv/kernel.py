@@ -1,6 +1,6 @@
 """`custom_kernel(data) -> c`: the library's entry point, launching on torch's current CUDA stream.
 
-It is `submission.dispatch.Dispatcher` compiled for torch's current stream (TVM-FFI's environment stream), so calls
+It is `nvfp4_gemv.dispatch.Dispatcher` compiled for torch's current stream (TVM-FFI's environment stream), so calls
 order with torch work on any stream and can be captured into CUDA graphs; the tensor-core kernel's workspace is
 kept per stream. `submission.contest` is the same dispatcher on the default stream, for the single-file submission.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from submission.dispatch import SIMT_TABLE, SM100_VARIANTS, Dispatcher, simt_config_for
+from nvfp4_gemv.dispatch import SIMT_TABLE, SM100_VARIANTS, Dispatcher, simt_config_for
 
 __all__ = ["custom_kernel", "select_kernel", "simt_config_for", "SIMT_TABLE", "SM100_VARIANTS", "DISPATCH"]
 
