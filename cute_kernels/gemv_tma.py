@@ -41,13 +41,13 @@ from cute_kernels import decode
 from cute_kernels.ptx import inline_ptx
 from cute_kernels.l2_policy import evict_first_policy
 from cute_kernels.compile import SmemAllocator, gemv_fake_tensors, launch
+from layouts.closed_form import ATOM_K
 from layouts.sf_cute import sf_unit_slices
 
 UNIT_RR = 8  # rr values per work unit; a unit is UNIT_RR × 4 rows
 UNIT_ROWS = 4 * UNIT_RR
 CHUNK_K = 1024  # K elements per stage and piece per lane: 32 lanes × one 32-element piece
 PIECE_K = 32
-ATOM_K = 64  # K elements per 512-byte scale atom
 SFA_SLICE = UNIT_RR * 16  # bytes of one atom that hold a unit's scales (layouts.sf_unit_slices)
 SFB_SLICE = 16  # bytes copied from each atom of b's scales (TMA's smallest box row); row 0's are the first 4
 CONSUMER_WARPS = 4  # warp w decodes rows rr = 2w, 2w + 1 of the unit; warp 4 is the producer

@@ -6,6 +6,12 @@ load on first use, so CUTE_DSL_ARCH may still be set after ``import layouts``.
 """
 
 from layouts.closed_form import (
+    ATOM_BYTES,
+    ATOM_K,
+    ATOM_ROWS,
+    ATOM_SF_COLS,
+    SF_KINDS,
+    SF_VEC,
     atom_offset,
     fp4_byte_offset,
     fp4_nibble_offset,
@@ -26,12 +32,6 @@ from layouts.convert import (
 )
 
 _SF_CUTE_NAMES = (
-    "SF_VEC",
-    "ATOM_ROWS",
-    "ATOM_SF_COLS",
-    "ATOM_K",
-    "ATOM_BYTES",
-    "LAYOUT_KINDS",
     "sf_atom",
     "sf_layout_permuted_mkl",
     "sf_layout_by_col",
@@ -41,6 +41,12 @@ _SF_CUTE_NAMES = (
 )
 
 __all__ = [
+    "ATOM_BYTES",
+    "ATOM_K",
+    "ATOM_ROWS",
+    "ATOM_SF_COLS",
+    "SF_KINDS",
+    "SF_VEC",
     "atom_offset",
     "fp4_byte_offset",
     "fp4_nibble_offset",

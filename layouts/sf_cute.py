@@ -17,13 +17,8 @@ Every stride comes from one small ``_*_stride`` function, so a test can perturb 
 
 import cutlass.cute as cute
 
-SF_VEC = 16  # K elements per scale
-ATOM_ROWS = 128
-ATOM_SF_COLS = 4
-ATOM_K = ATOM_SF_COLS * SF_VEC  # 64
-ATOM_BYTES = ATOM_ROWS * ATOM_SF_COLS  # 512
+from layouts.closed_form import ATOM_BYTES, ATOM_K, ATOM_ROWS, ATOM_SF_COLS, SF_KINDS, SF_VEC  # noqa: F401
 
-SF_KINDS = ("permuted", "plain")  # the two scale buffers every kernel reads: the contest's 32x4x4 atoms, row-major
 UNIT_SLICE_BYTES = 128  # one quarter's bytes of one atom: rows 8u..8u+7 (all four 32-row groups), 4 columns
 
 

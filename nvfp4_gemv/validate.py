@@ -13,12 +13,11 @@ import operator
 
 import torch
 
+from layouts.closed_form import ATOM_K, SF_VEC
 from layouts.convert import permuted_shape_stride
 
 NAMES = ("a", "b", "sfa", "sfb", "sfa_permuted", "sfb_permuted", "c")
 B_ROWS = 128  # b and sfb are padded to 128 rows for cuBLAS; only row 0 is read
-SF_VEC = 16  # K elements per e4m3 scale
-K_ALIGN = 64  # K elements per 4 scale columns: one column of 32x4x4 atoms
 PTR_ALIGN = 16  # bytes
 
 _FP4 = torch.float4_e2m1fn_x2
@@ -31,8 +30,8 @@ def _problem_error(m: int, k: int, l: int) -> str | None:  # noqa: E741
     for name, v in (("M", m), ("K", k), ("L", l)):
         if v <= 0:
             return f"{name} must be >= 1, got {name} = {v} (M, K, L = {m}, {k}, {l})"
-    if k % K_ALIGN:
-        return f"K must be a multiple of {K_ALIGN}, got K = {k}"
+    if k % ATOM_K:
+        return f"K must be a multiple of {ATOM_K}, got K = {k}"
     return None
 
 

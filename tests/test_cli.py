@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from nvfp4_gemv import cli, plots
+from layouts.closed_form import SF_KINDS
+from nvfp4_gemv import artifacts, cli, plots, report
+from submission.fp64_reference import fp64_gemv
 from nvfp4_gemv import shapes as shapes_mod
 from submission.reference import FP4_E2M1_LUT, generate_full_range, ref_kernel
 from nvfp4_gemv.shapes import BENCH_SHAPES, TEST_SHAPES, bytes_moved
@@ -120,7 +122,7 @@ def test_check_fails_when_the_reference_is_off_by_one_ulp(monkeypatch):
 
     monkeypatch.setattr(reference, "ref_kernel", off)
     monkeypatch.setattr(shapes_mod, "TEST_SHAPES", ((128, 256, 1),))
-    monkeypatch.setattr(cli, "kernel_builders", lambda arch, sf_kinds=cli.SF_KINDS: [])
+    monkeypatch.setattr(artifacts, "kernel_builders", lambda arch, sf_kinds=SF_KINDS: [])
     rc, out = run_main(["check", "--sf", "plain"])
     assert rc == 1
     rows = {r[1]: r for r in table_rows(out, "shape (M,K,L)")}
@@ -131,14 +133,14 @@ def test_check_fails_when_the_reference_is_off_by_one_ulp(monkeypatch):
 def test_fp64_gemv_reads_the_permuted_buffer():
     """Both scale sources give the same float64 result; corrupting one permuted byte moves exactly its row."""
     data = generate_full_range(129, 320, 2, seed=7)
-    plain, perm = cli.fp64_gemv(data, "plain"), cli.fp64_gemv(data, "permuted")
+    plain, perm = fp64_gemv(data, "plain"), fp64_gemv(data, "permuted")
     np.testing.assert_array_equal(plain, perm)
     sfa_p = data[4].view(torch.uint8)
     # Index (r, q, mb, jj, g, l): row r + 32q + 128mb, scale column jj + 4g, batch l.
     sfa_p[5, 0, 1, 3, 4, 1] ^= 0x08  # row 133 >= M = 129: padding, no effect
-    np.testing.assert_array_equal(cli.fp64_gemv(data, "permuted"), plain)
+    np.testing.assert_array_equal(fp64_gemv(data, "permuted"), plain)
     sfa_p[0, 0, 1, 3, 4, 1] ^= 0x08  # row 128, scale column 19, batch 1
-    changed = np.argwhere(cli.fp64_gemv(data, "permuted") != plain)
+    changed = np.argwhere(fp64_gemv(data, "permuted") != plain)
     assert changed.tolist() == [[128, 1]]
 
 
@@ -200,7 +202,7 @@ def test_instruction_counts_on_a_ptx_snippet():
         cp.async.cg.shared.global [%r10+13568], [%rd22], 16, 16;
         cp.async.commit_group;
     """
-    c = cli.instruction_counts(ptx)
+    c = artifacts.instruction_counts(ptx)
     assert (c["ld.global.v4"], c["ld.global"], c["ld.local"], c["st.local"]) == (2, 3, 1, 1)
     assert (c["dp4a"], c["prmt"], c["tcgen05.mma"], c["atom/red"], c["fma.rn.f32"]) == (1, 1, 1, 1, 0)
     assert c["cp.async.ca/cg"] == 1
@@ -243,7 +245,7 @@ def test_bench_given_bandwidth_and_shapes(tmp_path):
 
 
 def test_plot_data_is_the_floor_and_the_timed_points():
-    rows = cli.floor_rows([(7168, 2048, 4), (4096, 7168, 8)], 4e12, "given")
+    rows = report.floor_rows([(7168, 2048, 4), (4096, 7168, 8)], 4e12, "given")
     rows.append({**rows[0], "variant": "x", "contest_us": 9.0, "graph_us": float("nan")})
     xs, ys = plots.floor_line(rows, 4e12, points=5)
     assert xs[0] == bytes_moved(7168, 2048, 4) / 2 and xs[-1] == pytest.approx(bytes_moved(4096, 7168, 8) * 2)

@@ -6,6 +6,7 @@ numbers from the TMA-fed alternative kernel (cute_kernels.gemv_tma), called dire
 import pytest
 import torch
 
+from layouts.closed_form import SF_KINDS
 from nvfp4_gemv.dispatch import Dispatcher
 from nvfp4_gemv.kernel import custom_kernel as library_entry
 from submission.reference import (
@@ -22,7 +23,6 @@ from nvfp4_gemv.shapes import BENCH_SHAPES, ODD_SHAPES, TEST_SHAPES
 pytestmark = pytest.mark.gpu
 
 SHAPES = list(TEST_SHAPES) + [s[:3] for s in BENCH_SHAPES] + list(ODD_SHAPES)
-SF_KINDS = ("permuted", "plain")
 POINTER_ENTRY = Dispatcher("pointers")  # what the generated file uses where apache-tvm-ffi is missing
 
 

@@ -1,8 +1,7 @@
-"""Tests of submission.reference and nvfp4_gemv.shapes against CONTRACT.md and an independent float64 GEMV.
-
-The independent GEMV reads each tensor's raw storage at CONTRACT.md's byte offsets and decodes fp4 and e4m3 from
-their bit formulas in numpy, so it shares neither the LUT, the strides nor torch's float8 cast with the reference.
-"""
+"""Tests of submission.reference and nvfp4_gemv.shapes against docs/contract.md and the independent float64 GEMV
+(submission.fp64_reference), which decodes fp4 and e4m3 from their bit formulas in numpy and reads raw storage, so
+it shares neither the LUT nor torch's float8 cast with the reference. The bit formulas are themselves pinned below
+against hand-written values."""
 
 import math
 
@@ -24,6 +23,7 @@ from submission.reference import (
     ref_kernel,
 )
 from nvfp4_gemv.shapes import BENCH_SHAPES, ODD_SHAPES, TEST_SHAPES, bytes_moved, floor_us
+from submission.fp64_reference import e4m3_f64, fp4_f64, fp64_gemv
 
 FP4 = torch.float4_e2m1fn_x2
 FP8 = torch.float8_e4m3fn
@@ -31,33 +31,9 @@ GENERATORS = {"contest": generate_input, "full": generate_full_range}
 SMALL_SHAPES = [(128, 256, 1), (129, 320, 2), (1, 64, 1), (127, 192, 3)]
 
 
-# ---- independent decoders and GEMV ----
+# ---- the independent float64 GEMV (submission.fp64_reference, shared with `nvfp4-gemv check`) ----
 
-
-def np_fp4(code):
-    """e2m1 code -> float64 from the bit formula: sign bit 3, exponent bits 2..1 (bias 1), mantissa bit 0."""
-    code = np.asarray(code, dtype=np.int64)
-    sign = np.where(code & 8, -1.0, 1.0)
-    e = (code >> 1) & 3
-    mant = code & 1
-    mag = np.where(e == 0, mant * 0.5, np.exp2(e - 1.0) * (1.0 + mant / 2.0))
-    return sign * mag
-
-
-def np_e4m3(byte):
-    """e4m3fn byte -> float64 from the bit formula: bias 7, subnormals at exponent 0, NaN at S.1111.111."""
-    byte = np.asarray(byte, dtype=np.int64)
-    sign = np.where(byte & 0x80, -1.0, 1.0)
-    e = (byte >> 3) & 15
-    mant = byte & 7
-    mag = np.where(e == 0, mant / 8.0 * 2.0**-6, np.exp2(e - 7.0) * (1.0 + mant / 8.0))
-    mag = np.where((e == 15) & (mant == 7), np.nan, mag)
-    return sign * mag
-
-
-# Bulk decoding indexes tables built here from the formulas above (not the reference's LUT or torch's cast).
-FP4_BY_CODE = np_fp4(np.arange(16))
-E4M3_BY_BYTE = np_e4m3(np.arange(256))
+np_fp4, np_e4m3 = fp4_f64, e4m3_f64
 
 
 def raw(t):
@@ -72,20 +48,8 @@ def np_codes(packed):
 
 
 def independent_gemv(data):
-    """float64 c (M, L) computed from raw storage at CONTRACT.md's offsets: [L][M][K/2] and [L][M][K/16]."""
-    a, _, _, _, _, _, c = data
-    m, kb, l = a.shape
-    k = 2 * kb
-    a_raw = raw(data[0]).reshape(l, m, kb)
-    b_raw = raw(data[1]).reshape(l, 128, kb)[:, 0]
-    sfa_raw = raw(data[2]).reshape(l, m, k // 16)
-    sfb_raw = raw(data[3]).reshape(l, 128, k // 16)[:, 0]
-    out = np.empty((m, l))
-    for li in range(l):
-        bv = FP4_BY_CODE[np_codes(b_raw[li])] * np.repeat(E4M3_BY_BYTE[sfb_raw[li]], 16)
-        av = FP4_BY_CODE[np_codes(a_raw[li])] * np.repeat(E4M3_BY_BYTE[sfa_raw[li]], 16, axis=1)
-        out[:, li] = av @ bv
-    return out
+    """float64 c (M, L) from raw storage and the plain scales, decoded by bit formulas."""
+    return fp64_gemv(data, "plain")
 
 
 def as_c(values_ml):
@@ -432,3 +396,13 @@ def test_fp32_bound_requires_matching_nan_and_overflow():
     wrong = ref.clone()
     wrong[finite_row, 0, 0] = float("inf")
     assert not check_fp32_bound(wrong, data)[0]
+
+
+def test_float64_decoders_against_hand_written_values():
+    """The bit formulas of the float64 GEMV, pinned: the e2m1 table, and e4m3 at its edges."""
+    mags = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+    np.testing.assert_array_equal(fp4_f64(np.arange(16)), mags + [-v for v in mags])
+    assert math.copysign(1.0, fp4_f64(np.array([8]))[0]) == -1.0  # code 8 is -0
+    e = e4m3_f64(np.array([0x00, 0x01, 0x07, 0x08, 0x38, 0x7E, 0xFE, 0xB8, 0x7F, 0xFF]))
+    np.testing.assert_array_equal(e[:8], [0.0, 2.0**-9, 7 * 2.0**-9, 2.0**-6, 1.0, 448.0, -448.0, -1.0])
+    assert np.isnan(e[8:]).all()
