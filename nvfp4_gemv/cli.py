@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -28,6 +29,7 @@ DATA_KINDS = ("contest", "full", "full+nan")
 # The H200's nominal HBM3e bandwidth (datasheet), used for the floor table when nothing can be measured.
 H200_NOMINAL_TBPS = 4.8
 NO_GPU = "No CUDA GPU is present: running the CPU part only"
+SUBMISSION_OUT = "submission-out"
 
 
 def _has_cuda() -> bool:
@@ -53,6 +55,44 @@ def _shape_arg(text: str) -> tuple[int, int, int]:
         return validate_problem(m, k, l)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _out_folder(text: str) -> Path:
+    """An --out folder: it may exist (as a folder) or be created, in a parent folder that exists and is writable."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the output folder is an empty string")
+    path = Path(text).expanduser()
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a file, not a folder")
+    parent = path.resolve().parent
+    if not parent.exists():
+        raise argparse.ArgumentTypeError(f"the parent folder of {text!r} does not exist")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} lies under a file, {str(parent)!r}")
+    target = path if path.exists() else parent
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"no permission to write in {str(target)!r}")
+    return path
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _bandwidth(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of TB/s, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive finite number of TB/s, got {text!r}")
+    return value
 
 
 def _check_shapes(which: str):
@@ -161,8 +201,8 @@ def _cmd_bench(args) -> int:
 
     log = Progress()
     shapes = args.shapes or [s.mkl for s in BENCH_SHAPES]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = args.out
+    out.mkdir(exist_ok=True)
     if not _has_cuda():
         bw = args.bandwidth * 1e12
         kind = "nominal H200 HBM3e" if args.bandwidth == H200_NOMINAL_TBPS else "given"
@@ -196,8 +236,8 @@ def _cmd_bench(args) -> int:
 # ---- compile ---------------------------------------------------------------------------------------------------
 
 def _cmd_compile(args) -> int:
-    out = Path(args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    out = args.out.resolve()
+    out.mkdir(exist_ok=True)
     log = Progress()
     with tempfile.TemporaryDirectory(prefix="nvfp4-gemv-dump-") as dump:
         env = dict(os.environ, CUTE_DSL_KEEP="ptx,cubin", CUTE_DSL_DUMP_DIR=dump, CUTE_DSL_ARCH=args.arch)
@@ -211,7 +251,8 @@ def _cmd_compile(args) -> int:
     summary = summarize(out, manifest)
     (out / "summary.txt").write_text(summary)
     print(summary, end="")
-    print(f"wrote {', '.join(sorted(p.name for p in out.iterdir()))} into {out}")
+    written = [f"{e['name']}.{ext}" for e in manifest for ext in ("ptx", "cubin", "sass") if ext != "sass" or e["sass"]]
+    print(f"wrote {', '.join(sorted(written + ['manifest.json', 'summary.txt']))} into {out}")
     return 0
 
 
@@ -221,7 +262,8 @@ def _cmd_compile(args) -> int:
 def _cmd_submission(args) -> int:
     from submission.generate import write_submission
 
-    path = Path(args.out)
+    args.out.mkdir(exist_ok=True)
+    path = args.out / "submission.py"  # the name GPU MODE expects; in its own folder, where it shadows nothing
     log = Progress()
     log(f"writing {path}")
     write_submission(path)
@@ -248,32 +290,31 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="contest and CUDA-graph timing against the copy-bandwidth floor, with baselines")
     b.add_argument("--shapes", nargs="+", type=_shape_arg, metavar="M,K,L",
                    help="shapes to time (default: the three contest benchmark shapes)")
-    b.add_argument("--iters", type=int, default=100, help="contest-timing iterations per variant (default: 100)")
-    b.add_argument("--out", default="bench-out", help="folder for bench.csv and roofline.png (default: bench-out)")
+    b.add_argument("--iters", type=_positive_int, default=100,
+                   help="contest-timing iterations per variant (default: 100)")
+    b.add_argument("--out", type=_out_folder, default="bench-out",
+                   help="folder for bench.csv and roofline.png (default: bench-out)")
     b.add_argument("--no-baselines", action="store_true", help="time nvfp4-gemv only")
-    b.add_argument("--bandwidth", type=float, default=H200_NOMINAL_TBPS, metavar="TB/S",
+    b.add_argument("--bandwidth", type=_bandwidth, default=H200_NOMINAL_TBPS, metavar="TB/S",
                    help=f"without a GPU: the bandwidth of the floor table (default: the H200's nominal "
                    f"{H200_NOMINAL_TBPS} TB/s)")
     b.set_defaults(func=_cmd_bench)
 
     k = sub.add_parser("compile", help="write PTX, cubin (and SASS with nvdisasm) and an instruction summary")
     k.add_argument("--arch", choices=GPU_ARCHS, required=True)
-    k.add_argument("--out", required=True, help="output folder")
+    k.add_argument("--out", type=_out_folder, required=True, help="output folder")
     k.set_defaults(func=_cmd_compile)
 
     s = sub.add_parser("submission", help="write the single-file GPU MODE submission")
-    s.add_argument("--out", default="submission.py", help="path of the file to write (default: submission.py)")
+    s.add_argument("--out", type=_out_folder, default=SUBMISSION_OUT,
+                   help=f"folder to write submission.py into (default: {SUBMISSION_OUT}; a submission.py in the "
+                   f"project folder would hide the project's `submission` package)")
     s.set_defaults(func=_cmd_submission)
     return p
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if getattr(args, "iters", 1) < 1:
-        parser.error(f"--iters must be >= 1, got {args.iters}")
-    if getattr(args, "bandwidth", 1.0) <= 0:
-        parser.error(f"--bandwidth must be positive, got {args.bandwidth}")
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

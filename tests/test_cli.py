@@ -6,6 +6,7 @@ import contextlib
 import csv
 import io
 import math
+import os
 import re
 import subprocess
 import sys
@@ -256,7 +257,7 @@ def test_plot_data_is_the_floor_and_the_timed_points():
 # ---- submission and argument errors -----------------------------------------------------------------------------
 
 
-def test_submission_calls_write_submission(monkeypatch, tmp_path):
+def test_submission_writes_submission_py_into_its_own_folder(monkeypatch, tmp_path):
     calls = []
 
     def write_submission(path):
@@ -264,9 +265,19 @@ def test_submission_calls_write_submission(monkeypatch, tmp_path):
         path.write_text("# generated\n")
 
     monkeypatch.setitem(sys.modules, "submission.generate", types.SimpleNamespace(write_submission=write_submission))
-    rc, out = run_main(["submission", "--out", str(tmp_path / "s.py")])
-    assert rc == 0 and calls == [tmp_path / "s.py"]
+    rc, out = run_main(["submission", "--out", str(tmp_path / "upload")])
+    assert rc == 0 and calls == [tmp_path / "upload" / "submission.py"]
     assert "12 bytes" in out
+    # The default is a folder, so the file never lands where it would hide the project's `submission` package.
+    monkeypatch.chdir(tmp_path)
+    calls.clear()
+    assert run_main(["submission"])[0] == 0
+    assert calls == [cli.Path(cli.SUBMISSION_OUT) / "submission.py"] and not (tmp_path / "submission.py").exists()
+
+
+def test_default_outputs_are_git_ignored():
+    ignored = (cli.Path(__file__).resolve().parent.parent / ".gitignore").read_text().split()
+    assert f"/{cli.SUBMISSION_OUT}/" in ignored and "/bench-out/" in ignored
 
 
 @pytest.mark.parametrize(
@@ -275,8 +286,12 @@ def test_submission_calls_write_submission(monkeypatch, tmp_path):
         ([], "required"),
         (["bench", "--shapes", "128,100,1"], "K must be a multiple of 64"),
         (["bench", "--shapes", "128,256"], "M,K,L"),
-        (["bench", "--iters", "0"], "--iters"),
-        (["bench", "--bandwidth", "-1"], "--bandwidth"),
+        (["bench", "--iters", "0"], "--iters: must be >= 1"),
+        (["bench", "--iters", "x"], "--iters: expected a whole number"),
+        (["bench", "--bandwidth", "-1"], "--bandwidth: must be a positive finite"),
+        (["bench", "--bandwidth", "0"], "--bandwidth: must be a positive finite"),
+        (["bench", "--bandwidth", "nan"], "--bandwidth: must be a positive finite"),
+        (["bench", "--bandwidth", "inf"], "--bandwidth: must be a positive finite"),
         (["compile", "--arch", "sm_80", "--out", "x"], "invalid choice"),
         (["compile", "--arch", "sm_90a"], "--out"),
         (["check", "--sf", "blocked"], "invalid choice"),
@@ -286,10 +301,39 @@ def test_argument_errors_exit_nonzero(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
     assert e.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err
+    if argv and argv[0] == "bench":
+        assert err.startswith("usage: nvfp4-gemv bench")  # bench's own usage, not the top-level one
 
 
-def test_console_script_reports_bad_shape():
-    r = subprocess.run([sys.executable, "-m", "nvfp4_gemv.cli", "bench", "--shapes", "0,64,1"], capture_output=True,
-                       text=True)
-    assert r.returncode == 2 and "M must be >= 1" in r.stderr
+@pytest.mark.parametrize("command", [["submission"], ["bench"], ["compile", "--arch", "sm_90a"]], ids=str)
+@pytest.mark.parametrize(
+    "make_out, message",
+    [
+        (lambda d: "", "empty string"),
+        (lambda d: str(d / "missing" / "out"), "parent folder of"),
+        (lambda d: str(d / "afile"), "is a file"),
+        (lambda d: str(d / "afile" / "out"), "under a file"),
+        (lambda d: str(d / "locked" / "out"), "no permission"),
+    ],
+    ids=["empty", "missing parent", "a file", "under a file", "no permission"],
+)
+def test_bad_out_paths_give_one_line_and_exit_2(command, make_out, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "locked").mkdir()
+    real_access = os.access
+    # Permission bits do not bind root, which CI may run as: the check's own input, os.access, says "no" instead.
+    monkeypatch.setattr(cli.os, "access", lambda p, mode: "locked" not in str(p) and real_access(p, mode))
+    with pytest.raises(SystemExit) as e:
+        cli.main([*command, "--out", make_out(tmp_path)])
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert message in lines[-1] and lines[-1].startswith(f"nvfp4-gemv {command[0]}: error: argument --out:")
+
+
+def test_bad_out_path_from_the_console_has_no_traceback(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    r = subprocess.run([sys.executable, "-m", "nvfp4_gemv.cli", "submission", "--out", str(tmp_path / "afile")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "is a file" in r.stderr and "Traceback" not in r.stderr
