@@ -10,6 +10,11 @@ The CUDA implementation launches the kernel that `nvfp4_gemv.kernel` selects; th
 
 `nvfp4_gemv(a, b, sfa_permuted, sfb_permuted, c) -> c` is the entry to use: while torch.compile traces it calls the
 op; in eager mode it calls the compiled kernel directly (one dict lookup and one launch, no dispatcher).
+
+Bad input (docs/contract.md): eagerly, a ValueError naming the tensor and what was expected, non-tensor arguments
+included. Under torch.compile the same check runs in the fake implementation while Dynamo traces, and Dynamo
+reports it as `torch._dynamo.exc.TorchRuntimeError` (a RuntimeError) whose message holds the ValueError's
+("... got ValueError('c: expected dtype torch.float16, got torch.float32')"); tests/test_op.py pins this.
 """
 
 from __future__ import annotations
@@ -28,8 +33,12 @@ __all__ = ["OPERANDS", "OP_NAME", "gemv", "gemv_eager", "nvfp4_gemv", "validate_
 def gemv_eager(a, b, sfa_permuted, sfb_permuted, c):
     """Fill and return c without the dispatcher: CUDA tensors go straight to nvfp4_gemv.kernel's dispatcher (one
     dict lookup and one launch); other devices go through the op (the CPU implementation runs the reference)."""
-    if a.device.type != "cuda":
-        torch.ops.nvfp4_gemv.gemv.default(a, b, sfa_permuted, sfb_permuted, c)
+    if not isinstance(a, torch.Tensor) or a.device.type != "cuda":
+        try:
+            torch.ops.nvfp4_gemv.gemv.default(a, b, sfa_permuted, sfb_permuted, c)
+        except (TypeError, RuntimeError):
+            validate_operands(a, b, sfa_permuted, sfb_permuted, c)  # a ValueError naming a non-tensor argument
+            raise
         return c
     from nvfp4_gemv.kernel import DISPATCH
 

@@ -103,11 +103,13 @@ def test_the_library_entry_follows_torchs_current_stream():
 
 @pytest.mark.parametrize("data", [None, (), (1, 2, 3), [object()] * 7, tuple(range(6)), tuple(range(8))],
                          ids=["None", "empty", "3-tuple", "7-non-tensors", "6-tuple", "8-tuple"])
-def test_malformed_tuples_get_the_validators_error(data):
-    from submission import contest
+@pytest.mark.parametrize("entry", ["submission.contest", "nvfp4_gemv.kernel"])
+def test_malformed_tuples_get_the_validators_error(data, entry):
+    import importlib
 
-    with pytest.raises(ValueError, match=r"^(data|a): expected"):
-        contest.custom_kernel(data)
+    custom_kernel = importlib.import_module(entry).custom_kernel
+    with pytest.raises(ValueError, match=r"^(data: expected a tuple of 7 tensors|a: expected a torch.Tensor)"):
+        custom_kernel(data)
 
 
 def test_known_signature_calls_the_cached_kernel_and_names_a_refused_operand(monkeypatch):

@@ -71,6 +71,24 @@ def test_fake_refuses_what_the_kernel_would_misread(data, name, make, match):
         op.nvfp4_gemv(*bad)
 
 
+@pytest.mark.parametrize("index", range(5))
+@pytest.mark.parametrize("bad", [None, 3, "a"], ids=["None", "int", "str"])
+def test_non_tensor_arguments_get_a_value_error_naming_them(data, index, bad):
+    args = list(operands(data))
+    args[index] = bad
+    with pytest.raises(ValueError, match=rf"^{op.OPERANDS[index]}: expected a torch.Tensor"):
+        op.nvfp4_gemv(*args)
+
+
+def test_under_torch_compile_bad_input_is_dynamos_error_holding_the_value_error(data):
+    """What the op's docstring promises: Dynamo wraps the fake implementation's ValueError."""
+    a, b, sfa_p, sfb_p, c = operands(data)
+    torch._dynamo.reset()
+    fn = torch.compile(op.nvfp4_gemv, fullgraph=True, backend="aot_eager")
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match=r"ValueError\('c: expected dtype torch.float16"):
+        fn(a, b, sfa_p, sfb_p, c.float())
+
+
 def test_misaligned_operand_is_refused_even_with_a_cached_signature(data):
     good = operands(data)
     op.nvfp4_gemv(*good)  # caches this signature
