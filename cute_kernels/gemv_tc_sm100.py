@@ -1,7 +1,7 @@
 """NVFP4 batched GEMV on Blackwell (sm_100a) block-scaled tensor cores: c[m,0,l] = fp16(sum_k A*SFA * b*SFB).
 
 Data: A (M, K, L) fp4 K-major, b (rows >= 1, K, L) fp4 (row 0 is the vector), scales in the permuted
-(32,4,rest_m,4,rest_k,L) layout of CONTRACT.md, which is the 32x4x4 atom the MMA reads, so SFA goes
+(32,4,rest_m,4,rest_k,L) layout of docs/contract.md, which is the 32x4x4 atom the MMA reads, so SFA goes
 global -> shared (TMA) -> tensor memory (tcgen05.cp) unchanged. c (M, 1, L) fp16.
 
 Design: one tcgen05 `kind::mxf4nvf4` MMA of 128 x N=8 x 64 per K block (N=8 is the smallest legal N with
@@ -494,7 +494,7 @@ class GemvTcSm100:
 
 
 def fake_arguments(m, k, l, rows_b=128, rest_m=None, rest_k=None, num_ctas=SM100_NUM_SMS):
-    """Fake tensors (a, b, sfa, sfb, c, partial, arrival) with CONTRACT.md's shapes and strides.
+    """Fake tensors (a, b, sfa, sfb, c, partial, arrival) with docs/contract.md's shapes and strides.
 
     fp4 tensors are in fp4 elements (K wide; torch's float4_e2m1fn_x2 view is K/2 bytes wide). Sizes may be
     ints or `cute.sym_int`s; rest_m, rest_k default to ceil(m/128), ceil(k/64) for int sizes.

@@ -1,6 +1,6 @@
 """Closed-form offsets of every layout in ``sf_cute``, in plain Python/numpy (scalars or integer arrays).
 
-Written from CONTRACT.md's formula with // and %, independently of the CuTe stride tables, so that a test can
+Written from docs/contract.md's formula with // and %, independently of the CuTe stride tables, so that a test can
 check the CuTe layouts, these functions and the torch converters against each other element by element.
 Arguments: i = row, j = scale column (K element // 16), e = K element, l = batch; m, k = the matrix's M and K
 (K in elements). rest_m = ceil(m/128), rest_k = ceil(k/64). Offsets are in bytes, except ``fp4_nibble_offset``.
@@ -28,7 +28,7 @@ def atom_offset(r, e):
 
 
 def permuted_offset(i, j, l, m, k):
-    """Byte of scale (row i, scale column j, batch l) in the contiguous sfa_permuted buffer (CONTRACT.md)."""
+    """Byte of scale (row i, scale column j, batch l) in the contiguous sfa_permuted buffer (docs/contract.md)."""
     rest_m, rest_k = rest_mk(m, k)
     return (
         l * rest_m * rest_k * 512

@@ -89,7 +89,7 @@ def to_blocked(sf2d):
 
 
 def contest_permute(sf):
-    """Reference plain -> permuted conversion, written as a scatter from CONTRACT.md's coordinate formula.
+    """Reference plain -> permuted conversion, written as a scatter from docs/contract.md's coordinate formula.
 
     Allocates the zeroed contiguous buffer [L][rest_m][rest_k][32][4][4], views it as
     (32, 4, rest_m, 4, rest_k, L) and writes sf[i, j, l] at (i%32, (i%128)//32, i//128, j%4, j//4, l).

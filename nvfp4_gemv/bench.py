@@ -1,6 +1,6 @@
 """Benchmarks on a CUDA GPU: contest timing, CUDA-graph timing, the copy-bandwidth floor, host cost, and baselines.
 
-Contest timing (CONTRACT.md): per iteration fresh inputs, synchronize, flush the L2, record a start event, call,
+Contest timing (docs/contract.md): per iteration fresh inputs, synchronize, flush the L2, record a start event, call,
 record an end event, synchronize; the mean over iterations. Inputs come from a pool that spans more than 200 MB and
 is rotated, so no call finds its operands in the 50 MB L2 even before the flush. Graph timing replays one CUDA graph
 of calls over the same rotated pool, so it is the kernels alone, back to back. The floor is

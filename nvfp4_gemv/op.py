@@ -5,7 +5,7 @@ nothing (`mutates_args=("c",)`): the contest's in-place contract, no allocation 
 functionalization turns it into `auto_functionalized`, which Inductor re-inplaces, so a CUDA-graphed region
 writes straight into c. (An op returning a new tensor would allocate c every call; one returning c itself is not
 allowed, since custom-op outputs may not alias inputs.) The fake implementation checks shapes, dtypes and strides
-against CONTRACT.md from metadata alone, so a bad input fails while tracing with the same ValueError as at run time.
+against docs/contract.md from metadata alone, so a bad input fails while tracing with the same ValueError as at run time.
 The CUDA implementation launches the kernel that `nvfp4_gemv.kernel` selects; the CPU one runs the reference.
 
 `nvfp4_gemv(a, b, sfa_permuted, sfb_permuted, c) -> c` is the entry to use: while torch.compile traces it calls the
@@ -55,7 +55,7 @@ def gemv_eager(a, b, sfa_permuted, sfb_permuted, c):
 def gemv(
     a: torch.Tensor, b: torch.Tensor, sfa_permuted: torch.Tensor, sfb_permuted: torch.Tensor, c: torch.Tensor
 ) -> None:
-    """c[:, 0, l] = fp16(A[:, :, l] · b[0, :, l]) with NVFP4 block scales (CONTRACT.md operands), written in place."""
+    """c[:, 0, l] = fp16(A[:, :, l] · b[0, :, l]) with NVFP4 block scales (docs/contract.md operands), written in place."""
     gemv_eager(a, b, sfa_permuted, sfb_permuted, c)
 
 

@@ -1,6 +1,6 @@
 """Input validation shared by every GEMV kernel: the contest 7-tuple and the shape rules.
 
-`validate_inputs` checks (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c) against CONTRACT.md: dtypes, shapes,
+`validate_inputs` checks (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c) against docs/contract.md: dtypes, shapes,
 strides, one device, 16-byte aligned base pointers (the kernels issue 16-byte vector loads), K % 64 == 0 and no
 empty dimension. M, K, L come from `a`; every other tensor must agree with them. Each failure raises ValueError
 naming the tensor, what was expected and what it got. It reads only tensor metadata, never data. A dimension of
@@ -85,7 +85,7 @@ def validate_operands(a, b, sfa_permuted, sfb_permuted, c, *, require_cuda: bool
 
 
 def _validate(names, tensors, *, require_cuda: bool, check_pointers: bool) -> tuple[int, int, int]:
-    """Check `tensors`, named by a subset of NAMES that starts with "a", against CONTRACT.md."""
+    """Check `tensors`, named by a subset of NAMES that starts with "a", against docs/contract.md."""
     index = [NAMES.index(n) for n in names]
     for name, t, i in zip(names, tensors, index):
         if not isinstance(t, torch.Tensor):

@@ -1,7 +1,7 @@
 """Input generators, a portable reference, the contest's correctness check, and exact one-hot probes.
 
 Computes c[m, 0, l] = fp16(sum_k A[m,k,l] * SFA[m,k/16,l] * B[0,k,l] * SFB[0,k/16,l]) with the contest's tuple
-(a, b, sfa, sfb, sfa_permuted, sfb_permuted, c) of CONTRACT.md: fp4 e2m1 packed two a byte (even K index in the low
+(a, b, sfa, sfb, sfa_permuted, sfb_permuted, c) of docs/contract.md: fp4 e2m1 packed two a byte (even K index in the low
 nibble), one e4m3 scale per 16 K elements, batch-major memory. The reference decodes fp4 through a 16-entry LUT and
 e4m3 through torch's float8 cast, multiplies in fp32 (each product of two scaled fp4 values is exact in fp32),
 accumulates in fp32 and rounds once to fp16. It uses only elementwise torch ops (no `torch._scaled_mm`, no matmul

@@ -50,3 +50,20 @@ def test_notebook_prints_the_layout_numbers(executed):
     assert "plain: 256 bytes, 16 sectors, 16 contiguous runs" in text
     # The TMA kernel's scale copies: every quarter's slice of every atom is one 128-byte run.
     assert "unit slices: 2 blocks x 4 quarters x 32 groups, each 128 contiguous bytes" in text
+
+
+def test_committed_notebook_has_cell_ids_and_its_pictures_stored(executed):
+    """The file as committed, unexecuted: every cell has an id (nbformat 4.5), and every picture the notebook draws
+    is stored, so it reads on GitHub without running."""
+    import json
+
+    raw = json.loads(NOTEBOOK.read_text(encoding="utf-8"))
+    assert (raw["nbformat"], raw["nbformat_minor"]) >= (4, 5)
+    ids = [c.get("id") for c in raw["cells"]]
+    assert all(ids) and len(set(ids)) == len(ids)
+
+    def pngs(cells):
+        return [i for i, c in enumerate(cells) for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+
+    nb, _ = executed
+    assert pngs(raw["cells"]) == pngs(nb.cells) and len(pngs(nb.cells)) >= 4

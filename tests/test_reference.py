@@ -43,7 +43,7 @@ def raw(t):
 
 
 def np_codes(packed):
-    """Packed bytes (..., n) -> fp4 codes (..., 2n), even index from the low nibble (CONTRACT.md)."""
+    """Packed bytes (..., n) -> fp4 codes (..., 2n), even index from the low nibble (docs/contract.md)."""
     return np.stack((packed & 0xF, packed >> 4), axis=-1).reshape(*packed.shape[:-1], -1)
 
 

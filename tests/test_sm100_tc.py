@@ -1,5 +1,5 @@
 """CPU tests of the sm_100a tensor-core GEMV: its PTX, its refusal of other targets, the scale views its TMA
-reads, the fake-tensor signature against CONTRACT.md, and the stream-K schedule's coverage and determinism."""
+reads, the fake-tensor signature against docs/contract.md, and the stream-K schedule's coverage and determinism."""
 
 import itertools
 
@@ -76,7 +76,7 @@ def test_can_implement():
     assert not tc.GemvTcSm100.can_implement(128, 256, 0)
 
 
-# ---------------------------------------------------------------- the compile signature against CONTRACT.md
+# ---------------------------------------------------------------- the compile signature against docs/contract.md
 
 
 @pytest.mark.parametrize("m,k,l", ALL_SHAPES)
@@ -131,7 +131,7 @@ def test_sfa_tma_boxes_match_contract_formula(m, k, l):
     tile_k = TILE_K if k % TILE_K == 0 else 64  # odd K: check at the 64-wide atom the TMA box is made of
     shape, stride = _sf_tiled(m, k, l, tile_k)
     (tile_shape, rest_shape), (tile_stride, rest_stride) = shape, stride
-    # Inside one box: (row i, K element e) -> byte, against CONTRACT.md's offset formula at tile (0, 0, 0).
+    # Inside one box: (row i, K element e) -> byte, against docs/contract.md's offset formula at tile (0, 0, 0).
     rows = _mode_offsets(tile_shape[0], tile_stride[0])
     cols = _mode_offsets(tile_shape[1], tile_stride[1])
     box = rows[:, None] + cols[None, :]
