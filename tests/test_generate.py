@@ -218,7 +218,7 @@ def test_collect_orders_dependencies_first_and_finds_function_level_imports(tmp_
         "cute_kernels/k.py": "from layouts.z import X\n",
         "submission/__init__.py": "",
         "submission/v.py": "import os\n",
-        "nvfp4_gemv/kernel.py": "from submission.v import os\ndef f():\n    from cute_kernels import k\n",
+        "submission/kernel.py": "from submission.v import os\ndef f():\n    from cute_kernels import k\n",
     })  # fmt: skip
     order = [n for n, _ in collect_modules("submission.kernel", root)]
     assert order == ["layouts.z", "submission.v", "cute_kernels.k", "submission.kernel"]
@@ -227,7 +227,7 @@ def test_collect_orders_dependencies_first_and_finds_function_level_imports(tmp_
 def test_collect_refuses_a_cycle(tmp_path):
     root = _tree(tmp_path, {
         "submission/__init__.py": "",
-        "nvfp4_gemv/kernel.py": "from submission import v\n",
+        "submission/kernel.py": "from submission import v\n",
         "submission/v.py": "from submission import kernel\n",
     })  # fmt: skip
     with pytest.raises(GenerateError, match="import cycle"):
