@@ -38,10 +38,10 @@ def _asm_u32(args, asm: str, constraints: str, loc=None, ip=None) -> Uint32:
 def lut_registers(arch: str, slot):
     """The lookup table of block_dot and prepare_b, in two vector registers; call once, outside the K loop.
 
-    `slot` is this lane's 2 words of shared memory. Measured on sm_90 (SASS, 2026-11-29): with a literal table, or
-    one loaded from a warp-uniform address, ptxas keeps it in a uniform register and copies it into a vector
-    register before every PRMT: 69 extra IMAD.U32 in a 430-instruction loop body. Stored and read back through a
-    per-lane address with a volatile load, it stays in two registers."""
+    `slot` is this lane's 2 words of shared memory. With a literal table, or one loaded from a warp-uniform address,
+    ptxas keeps it in a uniform register and copies it into a vector register before every PRMT (sm_90 SASS: 69
+    extra instructions in a 430-instruction loop body, BENCHMARKS.md). Stored and read back through a per-lane
+    address with a volatile load, it stays in two registers."""
     if const_expr(arch == "sm_90"):
         slot[0] = Uint32(E2M1X2_LUT_LO)
         slot[1] = Uint32(E2M1X2_LUT_HI)

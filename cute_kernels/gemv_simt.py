@@ -126,7 +126,7 @@ class GemvSimt:
         """A 128-bit load of data read exactly once (A and its scales), with L1::no_allocate so L1 keeps b.
 
         Chosen over default-cached loads, an L2 evict-first policy, `.L2::256B`, `.cs` and `.nc` loads, all measured
-        on the H200 (BENCHMARKS.md, "Load qualifiers"). A DSL without CopyG2ROp (4.3) issues it default-cached."""
+        on the H200 (BENCHMARKS.md, "Load cache qualifiers"). A DSL without CopyG2ROp (4.3) issues it default-cached."""
         atom = load_atom(src.element_type, 128, l1_no_allocate=True)
         if const_expr(cute.rank(src) == 2):
             # The (q, jj) scale slice (4,4):(4,1) is one contiguous 16-byte run: jj-major, then one mode.
@@ -206,10 +206,9 @@ class GemvSimt:
         luts = decode.lut_registers(self.arch, lut_slots[None, lane])
         acc = cute.make_rmem_tensor(cute.make_layout((self.rr, 4)), Float32)
         acc.fill(0.0)
-        # The loop is unrolled so that ptxas can issue the next step's loads before this step's math. Measured on
-        # the H200 (2026-11-29): an explicit register double buffer (95 registers, 31% occupancy) and a 3-5 stage
-        # per-thread cp.async ring in shared memory (smem-limited to 20 warps/SM) were both 10-25% slower.
-        # So was an L2 prefetch (`prefetch.global.L2`, one lane per line) of the pieces 1-4 steps ahead: 5-50%.
+        # The loop is unrolled so that ptxas can issue the next step's loads before this step's math. An explicit
+        # register double buffer, a per-thread cp.async ring in shared memory and an L2 prefetch of the pieces
+        # ahead were all slower on the H200 (BENCHMARKS.md, "Tried, measured, and the verdict").
         piece_stride = self.warps * cfg.c_lanes
         piece0 = warp * cfg.c_lanes + c
         for st in cutlass.range(n_full, unroll=cfg.unroll):

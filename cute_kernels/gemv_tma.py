@@ -19,14 +19,10 @@ Consumer warp w owns rows rr = 2w, 2w + 1 (all four q); lane j owns piece 32i + 
 read per row (the lanes read 512 contiguous bytes) and one 128-bit read of four rows' scales per rr. Each thread sums
 its pieces in K order and the lanes are added by a fixed butterfly, so runs are bit-identical.
 
-Measured on the H200 (2026-11-29, BENCHMARKS.md's run at e1a1673, CUDA-graph µs on 7168×16384×1, 4096×7168×8,
-7168×2048×4): 23.49 / 41.25 / 14.24 at the default config, against 21.40 / 38.92 / 12.34 for `gemv_simt`. With
-`decode=False` the same kernel moves the same bytes and skips the math: 20.23 / 36.51 / 11.13, the rate of this data
-path with nothing else to do, within 2% of a pure read of the same bytes (`stream_read`) and 6-11% faster than
-`gemv_simt` with its math (3-5% under contest timing). Tried without gain: 2-8 stages, one CTA per unit, 3-4 CTAs
-per SM, 2 pieces per lane, 8 consumer warps, and one 1-D `cp.async.bulk` per row (slower still: 65 copies a stage
-from one warp).
-An L2 evict-first policy on A's copies (`cute_kernels.l2_policy`) made the contest-timed calls 1-4 µs faster here.
+Measured slower than `gemv_simt` on the benchmark shapes, so dispatch does not pick it; with `decode=False` it moves
+the same bytes without the math, which measures this data path alone (BENCHMARKS.md: the results table and "Tried,
+measured, and the verdict", which also lists the configs tried without gain). It keeps an L2 evict-first policy on
+A's copies (`cute_kernels.l2_policy`), which made its contest-timed calls faster.
 """
 
 from dataclasses import dataclass

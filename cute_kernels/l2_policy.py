@@ -2,9 +2,8 @@
 
 The contest's L2 flush (a 4 GiB `torch.randn`) leaves the 50 MB L2 full of dirty lines. A kernel whose loads
 allocate normally evicts them, and their write-back competes with its reads. Marked evict-first, the kernel's own
-lines are the ones replaced, and most of the dirty lines stay put until after it. Measured on the H200
-(2026-11-29, TMA kernel, contest timing): 26.1 / 43.7 / 17.4 µs with the policy against 29.0 / 47.6 / 18.3 µs
-without on the three benchmark shapes; kernel-only (CUDA-graph) times are unchanged.
+lines are the ones replaced, and most of the dirty lines stay put until after it. It pays on the TMA kernel's
+copies under contest timing and loses on `gemv_simt`'s loads (BENCHMARKS.md, "Tried, measured, and the verdict").
 """
 
 from cutlass import Int64

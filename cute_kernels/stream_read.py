@@ -19,9 +19,8 @@ from cute_kernels.compile import launch, load_atom
 
 SENTINEL = 0x5EEDFACE  # a fold equal to this is stored to out[0]
 
-# Cache qualifiers of the 128-bit loads (keyword arguments of the DSL's G2R copy atom). Measured on the H200
-# (2026-11-29, contest timing, this kernel and gemv_simt alike): `.L2::256B` and `.cs` within 0.2 µs of
-# `L1::no_allocate`, `.nc` 2-4 µs slower on every benchmark shape; in graph timing all within the spread.
+# Cache qualifiers of the 128-bit loads (keyword arguments of the DSL's G2R copy atom). `L1::no_allocate` is the
+# default, as for gemv_simt; `.nc` measured slower under contest timing (BENCHMARKS.md, "Load cache qualifiers").
 _NA = cute.nvgpu.CacheEvictionPriority.NO_ALLOCATE
 LOAD_QUALIFIERS = {
     "no_allocate": dict(l1c_evict_priority=_NA),  # ld.global.L1::no_allocate, as gemv_simt reads A

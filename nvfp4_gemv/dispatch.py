@@ -30,10 +30,9 @@ SM100_VARIANTS = ("tc", "simt")
 _DEFAULT_SM100 = "tc"
 
 
-# (largest K, warps, r_lanes, unroll): the fastest graph-timed configs on the H200 (2026-11-29, BENCHMARKS.md) for
-# the three benchmark shapes, K = 2048, 7168, 16384; warps × r_lanes small enough that M·L / (4·r_lanes) CTAs
-# fill 132 SMs several times over. A later 18-config sweep (all of warps 2/4/8 × r_lanes 2/4/8 × unroll 2/4) kept
-# the other two rows and moved K <= 2048 from (4, 8, 4) to (2, 4, 4): 11.50 against 11.94 µs.
+# (largest K, warps, r_lanes, unroll): the fastest graph-timed configs on the H200 for the three benchmark shapes,
+# K = 2048, 7168, 16384, from an 18-config sweep of warps 2/4/8 × r_lanes 2/4/8 × unroll 2/4 (BENCHMARKS.md);
+# warps × r_lanes small enough that M·L / (4·r_lanes) CTAs fill 132 SMs several times over.
 SIMT_TABLE = (
     (2048, 2, 4, 4),
     (8192, 2, 2, 2),
