@@ -441,38 +441,47 @@ class GemvTcSm100:
                     if row_g < m:
                         mC_mnl[row_g, 0, li] = acc.to(cutlass.Float16)
                 else:
-                    slot = ts.partial_slot(g, tile, k_tiles, G, total, cutlass.min)
-                    mPartial[cutlass.Int32(ts.partial_offset(g, slot, cutlass.Int64(row)))] = acc
-                    # Release: each writer fences, then one thread bumps the tile's counter.
-                    cute.arch.fence_acq_rel_gpu()
-                    epi_barrier.arrive_and_wait()
-                    if tidx == 0:
-                        old = atomic_add_acq_rel_gpu(
-                            (mArrival.iterator + cutlass.Int32(tile)).llvm_ptr, cutlass.Int32(1)
-                        )
-                        sArrival[0] = old
-                    epi_barrier.arrive_and_wait()
-                    # The next write of sArrival comes after the next segment's first barrier, which every
-                    # thread reaches only after this read.
-                    arrived = sArrival[0]
-                    if cutlass.Int64(arrived) == last - first:
-                        # Last to arrive: sum every partial of this tile in CTA order (a fixed order).
-                        cute.arch.fence_acq_rel_gpu()
-                        total_acc = cutlass.Float32(0.0)
-                        for c in cutlass.range(cutlass.Int32(first), cutlass.Int32(last) + 1, 1, unroll=1):
-                            c64 = cutlass.Int64(c)
-                            c_slot = ts.partial_slot(c64, tile, k_tiles, G, total, cutlass.min)
-                            idx = cutlass.Int32(ts.partial_offset(c64, c_slot, cutlass.Int64(row)))
-                            total_acc = total_acc + load_relaxed_gpu_f32((mPartial.iterator + idx).llvm_ptr)
-                        if row_g < m:
-                            mC_mnl[row_g, 0, li] = total_acc.to(cutlass.Float16)
-                        if tidx == 0:
-                            mArrival[cutlass.Int32(tile)] = cutlass.Int32(0)
+                    self.store_split_tile(
+                        acc, row, row_g, li, m, tile, g, G, first, last, k_tiles, total, tidx,
+                        mC_mnl, mPartial, mArrival, sArrival, epi_barrier,
+                    )
                 w = w_next
 
             tmem.relinquish_alloc_permit()
             epi_barrier.arrive_and_wait()
             tmem.free(acc_ptr)
+
+    @cute.jit
+    def store_split_tile(self, acc, row, row_g, li, m, tile, g, G, first, last, k_tiles, total, tidx,
+                         mC_mnl, mPartial, mArrival, sArrival, epi_barrier):
+        """The epilogue of a tile split over CTAs first..last: leave this CTA's fp32 partial of `row` in the
+        workspace, count its arrival on the tile's counter, and if it is the last to arrive, sum every partial of
+        the tile in CTA order (a fixed order: bit-stable), store the fp16 row and return the counter to zero."""
+        slot = ts.partial_slot(g, tile, k_tiles, G, total, cutlass.min)
+        mPartial[cutlass.Int32(ts.partial_offset(g, slot, cutlass.Int64(row)))] = acc
+        # Release: each writer fences, then one thread bumps the tile's counter.
+        cute.arch.fence_acq_rel_gpu()
+        epi_barrier.arrive_and_wait()
+        if tidx == 0:
+            old = atomic_add_acq_rel_gpu((mArrival.iterator + cutlass.Int32(tile)).llvm_ptr, cutlass.Int32(1))
+            sArrival[0] = old
+        epi_barrier.arrive_and_wait()
+        # The next write of sArrival comes after the next segment's first barrier, which every thread reaches only
+        # after this read.
+        arrived = sArrival[0]
+        if cutlass.Int64(arrived) == last - first:
+            # Last to arrive: sum every partial of this tile in CTA order (a fixed order).
+            cute.arch.fence_acq_rel_gpu()
+            total_acc = cutlass.Float32(0.0)
+            for c in cutlass.range(cutlass.Int32(first), cutlass.Int32(last) + 1, 1, unroll=1):
+                c64 = cutlass.Int64(c)
+                c_slot = ts.partial_slot(c64, tile, k_tiles, G, total, cutlass.min)
+                idx = cutlass.Int32(ts.partial_offset(c64, c_slot, cutlass.Int64(row)))
+                total_acc = total_acc + load_relaxed_gpu_f32((mPartial.iterator + idx).llvm_ptr)
+            if row_g < m:
+                mC_mnl[row_g, 0, li] = total_acc.to(cutlass.Float16)
+            if tidx == 0:
+                mArrival[cutlass.Int32(tile)] = cutlass.Int32(0)
 
     def _tmem_cols(self) -> int:
         cols = SF_TMEM_COL + 2 * (TILE_M // 32) * self.num_kblocks
