@@ -31,7 +31,7 @@ from cutlass import Float16, Float32, Int32, Uint8, Uint32, const_expr
 
 from cute_kernels import decode
 from cute_kernels.compile import SmemAllocator, gemv_fake_tensors, launch, load_atom
-from layouts.closed_form import SF_KINDS
+from layouts.constants import SF_KINDS
 from layouts.sf_cute import sf_layout_by_col
 
 PIECE_K = 32  # K elements per thread per step: one 16-byte load of A

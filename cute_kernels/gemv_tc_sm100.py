@@ -43,7 +43,7 @@ from cute_kernels.compile import (
     launch, load_relaxed_gpu_f32, member_ptr, tmem_allocator,
 )
 from layouts import sf_cute
-from layouts.closed_form import SF_VEC
+from layouts.constants import SF_VEC
 
 MMA_K = 64  # K of one kind::mxf4nvf4 MMA
 TILE_M = ts.TILE_M

@@ -37,7 +37,7 @@ from cute_kernels import decode
 from cute_kernels.ptx import inline_ptx
 from cute_kernels.l2_policy import evict_first_policy
 from cute_kernels.compile import SmemAllocator, gemv_fake_tensors, launch
-from layouts.closed_form import ATOM_K
+from layouts.constants import ATOM_K
 from layouts.sf_cute import sf_unit_slices
 
 UNIT_RR = 8  # rr values per work unit; a unit is UNIT_RR × 4 rows

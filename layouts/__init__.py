@@ -5,13 +5,8 @@ the torch plain <-> permuted converters. Importing this package does not import 
 load on first use, so CUTE_DSL_ARCH may still be set after ``import layouts``.
 """
 
+from layouts.constants import ATOM_BYTES, ATOM_K, ATOM_ROWS, ATOM_SF_COLS, SF_KINDS, SF_VEC
 from layouts.closed_form import (
-    ATOM_BYTES,
-    ATOM_K,
-    ATOM_ROWS,
-    ATOM_SF_COLS,
-    SF_KINDS,
-    SF_VEC,
     atom_offset,
     fp4_byte_offset,
     fp4_nibble_offset,

@@ -8,13 +8,7 @@ Arguments: i = row, j = scale column (K element // 16), e = K element, l = batch
 
 import numpy as np
 
-# The format's constants, defined here once (numpy only, so hosts without the DSL can use them).
-SF_VEC = 16  # K elements per e4m3 scale
-ATOM_ROWS = 128  # rows of one scale atom
-ATOM_SF_COLS = 4  # scale columns of one atom
-ATOM_K = ATOM_SF_COLS * SF_VEC  # 64 K elements: the K granularity of the permuted layout, and of every kernel
-ATOM_BYTES = ATOM_ROWS * ATOM_SF_COLS  # 512
-SF_KINDS = ("permuted", "plain")  # the scale buffers the kernels read: the contest's 32x4x4 atoms, or row-major
+from layouts.constants import ATOM_BYTES, ATOM_K, ATOM_ROWS, ATOM_SF_COLS, SF_KINDS, SF_VEC  # noqa: F401
 
 
 def rest_mk(m, k):

@@ -17,7 +17,7 @@ Every stride comes from one small ``_*_stride`` function, so a test can perturb 
 
 import cutlass.cute as cute
 
-from layouts.closed_form import ATOM_BYTES, ATOM_K, ATOM_ROWS, ATOM_SF_COLS, SF_KINDS, SF_VEC  # noqa: F401
+from layouts.constants import ATOM_BYTES, ATOM_K, ATOM_ROWS, ATOM_SF_COLS, SF_KINDS, SF_VEC  # noqa: F401
 
 UNIT_SLICE_BYTES = 128  # one quarter's bytes of one atom: rows 8u..8u+7 (all four 32-row groups), 4 columns
 

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from cute_kernels.targets import GPU_ARCHS
-from layouts.closed_form import SF_KINDS
+from layouts.constants import SF_KINDS
 from nvfp4_gemv.report import Progress, format_table
 
 

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from cute_kernels.targets import GPU_ARCHS
-from layouts.closed_form import SF_KINDS
+from layouts.constants import SF_KINDS
 from nvfp4_gemv.artifacts import compile_table, summarize
 from nvfp4_gemv.report import Progress, b200_sol, bench_report, floor_rows, fmt_err, format_table, geomean, write_csv
 
@@ -75,24 +75,23 @@ def _out_folder(text: str) -> Path:
     return path
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _number(cast, what: str, valid, requirement: str):
+    """An argparse type: `cast(text)`, refused unless it parses (as `what`) and `valid(value)` holds."""
+
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not valid(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _bandwidth(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of TB/s, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive finite number of TB/s, got {text!r}")
-    return value
+_positive_int = _number(int, "a whole number", lambda v: v >= 1, ">= 1")
+_bandwidth = _number(float, "a number of TB/s", lambda v: math.isfinite(v) and v > 0, "a positive finite number of TB/s")
 
 
 def _check_shapes(which: str):

@@ -13,7 +13,7 @@ import operator
 
 import torch
 
-from layouts.closed_form import ATOM_K, SF_VEC
+from layouts.constants import ATOM_K, SF_VEC
 from layouts.convert import permuted_shape_stride
 
 NAMES = ("a", "b", "sfa", "sfb", "sfa_permuted", "sfb_permuted", "c")

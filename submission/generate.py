@@ -49,6 +49,20 @@ def _is_package(name: str, root: Path) -> bool:
     return (root.joinpath(*name.split(".")) / "__init__.py").is_file()
 
 
+def _project_aliases(node: ast.Import, name: str) -> list:
+    """The project modules an `import` statement names; GenerateError for a form the generator cannot redirect."""
+    project = [a for a in node.names if _is_project(a.name)]
+    if project and len(project) != len(node.names):
+        raise GenerateError(f"{name}: line {node.lineno} mixes project and other modules in one import")
+    for alias in project:
+        if "." in alias.name and alias.asname is None:
+            raise GenerateError(
+                f"{name}: `import {alias.name}` at line {node.lineno} binds the top-level package; "
+                f"write `from ... import ...` or `import {alias.name} as ...`"
+            )
+    return project
+
+
 def _project_imports(tree: ast.Module, name: str):
     """Every import statement of the tree that names a project module, as (node, [module names it needs])."""
     out = []
@@ -59,16 +73,7 @@ def _project_imports(tree: ast.Module, name: str):
             if _is_project(node.module):
                 out.append(node)
         elif isinstance(node, ast.Import):
-            project = [a for a in node.names if _is_project(a.name)]
-            if project and len(project) != len(node.names):
-                raise GenerateError(f"{name}: line {node.lineno} mixes project and other modules in one import")
-            for alias in project:
-                if "." in alias.name and alias.asname is None:
-                    raise GenerateError(
-                        f"{name}: `import {alias.name}` at line {node.lineno} binds the top-level package; "
-                        f"write `from ... import ...` or `import {alias.name} as ...`"
-                    )
-            if project:
+            if _project_aliases(node, name):
                 out.append(node)
     return sorted(out, key=lambda n: (n.lineno, n.col_offset))
 
@@ -146,17 +151,8 @@ class _ContestTransform(ast.NodeTransformer):
         return ast.copy_location(new, node)
 
     def visit_Import(self, node):
-        project = [a for a in node.names if _is_project(a.name)]
-        if not project:
+        if not _project_aliases(node, self.name):
             return node
-        if len(project) != len(node.names):
-            raise GenerateError(f"{self.name}: line {node.lineno} mixes project and other modules in one import")
-        for alias in project:
-            if "." in alias.name and alias.asname is None:
-                raise GenerateError(
-                    f"{self.name}: `import {alias.name}` at line {node.lineno} binds the top-level package; "
-                    f"write `from ... import ...` or `import {alias.name} as ...`"
-                )
         names = [ast.alias(f"{BUNDLE_PACKAGE}.{a.name}", a.asname) for a in node.names]
         return ast.copy_location(ast.Import(names=names), node)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from layouts.convert import plain_to_permuted
-from layouts.closed_form import SF_VEC
+from layouts.constants import SF_VEC
 from nvfp4_gemv.validate import B_ROWS, validate_problem
 
 # Value of each e2m1 code: bit 3 is the sign, bits 2..0 index the magnitudes.

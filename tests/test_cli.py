@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from layouts.closed_form import SF_KINDS
+from layouts.constants import SF_KINDS
 from nvfp4_gemv import artifacts, cli, plots, report
 from submission.fp64_reference import fp64_gemv
 from nvfp4_gemv import shapes as shapes_mod

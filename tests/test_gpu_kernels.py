@@ -6,7 +6,7 @@ numbers from the TMA-fed alternative kernel (cute_kernels.gemv_tma), called dire
 import pytest
 import torch
 
-from layouts.closed_form import SF_KINDS
+from layouts.constants import SF_KINDS
 from nvfp4_gemv.dispatch import Dispatcher
 from nvfp4_gemv.kernel import custom_kernel as library_entry
 from submission.reference import (
