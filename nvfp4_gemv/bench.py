@@ -80,10 +80,16 @@ def contest_time_us(fn, pool, iters: int = 100, flush: str = "contest") -> float
     return statistics.mean(times)
 
 
-def graph_time_us(fn, pool, reps: int = 20) -> float:
-    """µs per call when one CUDA graph replays calls over the whole rotated pool (median over replays)."""
+GRAPH_CALLS = 20  # calls captured in one graph, cycling over the pool: one replay's launch cost is spread over them
+
+
+def graph_time_us(fn, pool, reps: int = 20, calls: int = GRAPH_CALLS) -> float:
+    """µs per call when one CUDA graph replays at least `calls` calls cycling over the rotated pool (the whole pool
+    at least once), median over replays. With many calls a graph, the per-call figure is the kernel's, not the
+    graph launch's share."""
     fn(pool[0])
     torch.cuda.synchronize()
+    order = [pool[i % len(pool)] for i in range(max(calls, len(pool)))]
     stream = torch.cuda.Stream()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream):
@@ -91,7 +97,7 @@ def graph_time_us(fn, pool, reps: int = 20) -> float:
             fn(d)
         torch.cuda.synchronize()
         with torch.cuda.graph(g, stream=stream):
-            for d in pool:
+            for d in order:
                 fn(d)
     g.replay()
     torch.cuda.synchronize()
@@ -102,7 +108,7 @@ def graph_time_us(fn, pool, reps: int = 20) -> float:
         g.replay()
         e.record()
         e.synchronize()
-        times.append(s.elapsed_time(e) * 1e3 / len(pool))
+        times.append(s.elapsed_time(e) * 1e3 / len(order))
     return statistics.median(times)
 
 
@@ -300,6 +306,26 @@ def sweep_simt_configs(shapes, configs, log=print):
         del pool
         torch.cuda.empty_cache()
     return out
+
+
+SWEEP_FIELDS = ("m", "k", "l", "warps", "r_lanes", "unroll", "graph_us", "read_graph_us", "x_read")
+
+
+def sweep_rows(shapes, configs, log=print):
+    """The CUDA-core kernel's graph-timed µs for every config on every shape, beside the stream read of the same
+    bytes under the same timer: rows of SWEEP_FIELDS, the data dispatch's config choice is derived from."""
+    results = sweep_simt_configs(shapes, configs, log)
+    rows = []
+    for m, k, l in shapes:  # noqa: E741
+        fn, pool = stream_read_variant(bytes_moved(m, k, l))
+        read = graph_time_us(fn, pool)
+        del pool
+        for cfg in configs:
+            us = results[((m, k, l), cfg)]
+            rows.append(dict(m=m, k=k, l=l, warps=cfg.warps, r_lanes=cfg.r_lanes, unroll=cfg.unroll, graph_us=us,
+                             read_graph_us=read, x_read=us / read))
+        log(f"{m:>6} {k:>6} {l:>2}  stream read {read:8.2f} us; best config x{min(r['x_read'] for r in rows[-len(configs):]):.3f}")
+    return rows
 
 
 def host_cost_table(log=print):

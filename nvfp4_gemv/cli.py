@@ -23,7 +23,9 @@ from pathlib import Path
 from cute_kernels.targets import GPU_ARCHS
 from layouts.constants import SF_KINDS
 from nvfp4_gemv.artifacts import compile_table, summarize
-from nvfp4_gemv.report import Progress, b200_sol, bench_report, floor_rows, fmt_err, format_table, geomean, write_csv
+from nvfp4_gemv.report import (
+    Progress, b200_sol, bench_report, floor_rows, fmt_err, format_table, geomean, read_ratio_report, write_csv,
+)
 
 DATA_KINDS = ("contest", "full", "full+nan")
 # The H200's nominal HBM3e bandwidth (datasheet), used for the floor table when nothing can be measured.
@@ -196,10 +198,11 @@ def _check_cpu(shapes, sf_kinds, log) -> int:
 
 def _cmd_bench(args) -> int:
     from nvfp4_gemv import plots
-    from nvfp4_gemv.shapes import BENCH_SHAPES
+
+    from nvfp4_gemv.shapes import SUITES
 
     log = Progress()
-    shapes = args.shapes or [s.mkl for s in BENCH_SHAPES]
+    shapes = args.shapes or list(SUITES[args.suite])
     out = args.out
     out.mkdir(exist_ok=True)
     if not _has_cuda():
@@ -225,10 +228,42 @@ def _cmd_bench(args) -> int:
     bw, raw = benchmark_shapes(shapes, iters=args.iters, baselines=not args.no_baselines, log=log)
     rows, text = bench_report(raw, bw, ("nvfp4-gemv", STREAM_READ))
     print(text)
+    print(read_ratio_report(rows, "nvfp4-gemv", STREAM_READ, describe=_dispatch_choice))
     all_rows = floor_rows(shapes, bw, "measured copy") + rows
     write_csv(all_rows, out / "bench.csv")
     png = plots.roofline_png(all_rows, bw, out / "roofline.png", bandwidth_label=f"measured copy {bw / 1e12:.2f} TB/s")
     print(f"wrote {out / 'bench.csv'} and {png}")
+    return 0
+
+
+def _dispatch_choice(m: int, k: int, l: int) -> str:  # noqa: E741
+    import torch
+
+    from nvfp4_gemv.kernel import DISPATCH
+
+    return DISPATCH.describe(torch.cuda.get_device_capability(), m, k, l)
+
+
+def _cmd_sweep(args) -> int:
+    import csv
+    import itertools
+
+    from cute_kernels.gemv_simt import GemvSimtConfig
+    from nvfp4_gemv.bench import SWEEP_FIELDS, sweep_rows
+    from nvfp4_gemv.shapes import SUITES
+
+    if not _has_cuda():
+        print(f"{NO_GPU}: a sweep times kernels, so there is nothing to do here.", file=sys.stderr)
+        return 1
+    configs = [GemvSimtConfig(warps=w, r_lanes=r, unroll=u)
+               for w, r, u in itertools.product(args.warps, args.r_lanes, args.unroll)]
+    rows = sweep_rows(args.shapes or list(SUITES[args.suite]), configs, log=Progress())
+    args.out.mkdir(exist_ok=True)
+    with open(args.out / "sweep.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SWEEP_FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {args.out / 'sweep.csv'} ({len(rows)} rows)")
     return 0
 
 
@@ -288,7 +323,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="contest and CUDA-graph timing against the copy-bandwidth floor, with baselines")
     b.add_argument("--shapes", nargs="+", type=_shape_arg, metavar="M,K,L",
-                   help="shapes to time (default: the three contest benchmark shapes)")
+                   help="shapes to time (default: the --suite's)")
+    b.add_argument("--suite", choices=("contest", "decode"), default="contest",
+                   help="contest: the three benchmark shapes; decode: those and LLM decode shapes "
+                   "(nvfp4_gemv.shapes.DECODE_SUITE), each beside a stream read of its bytes (default: contest)")
     b.add_argument("--iters", type=_positive_int, default=100,
                    help="contest-timing iterations per variant (default: 100)")
     b.add_argument("--out", type=_out_folder, default="bench-out",
@@ -298,6 +336,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"without a GPU: the bandwidth of the floor table (default: the H200's nominal "
                    f"{H200_NOMINAL_TBPS} TB/s)")
     b.set_defaults(func=_cmd_bench)
+
+    w = sub.add_parser("sweep", help="graph-time CUDA-core kernel configs on a suite beside the stream read (GPU)")
+    w.add_argument("--suite", choices=("contest", "decode"), default="decode")
+    w.add_argument("--shapes", nargs="+", type=_shape_arg, metavar="M,K,L", help="shapes (default: the --suite's)")
+    w.add_argument("--warps", nargs="+", type=_positive_int, default=[2, 4, 8, 16])
+    w.add_argument("--r-lanes", nargs="+", type=int, choices=(2, 4, 8), default=[2, 4, 8])
+    w.add_argument("--unroll", nargs="+", type=_positive_int, default=[2, 4])
+    w.add_argument("--out", type=_out_folder, default="bench-out", help="folder for sweep.csv (default: bench-out)")
+    w.set_defaults(func=_cmd_sweep)
 
     k = sub.add_parser("compile", help="write PTX, cubin (and SASS with nvdisasm) and an instruction summary")
     k.add_argument("--arch", choices=GPU_ARCHS, required=True)

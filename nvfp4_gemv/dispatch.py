@@ -84,9 +84,9 @@ class Dispatcher:
         self.kernels: dict[tuple, Callable] = {}
         self._capability: dict[int, tuple[int, int]] = {}
 
-    def select(self, capability: tuple[int, int], m: int, k: int, l: int, sf_kind: str = "permuted",  # noqa: E741
-               sm100_variant: str | None = None) -> Callable:
-        """The launcher for this device and shape: a callable (a, b, sf_a, sf_b, c)."""
+    def choose(self, capability: tuple[int, int], m: int, k: int, l: int, sf_kind: str = "permuted",  # noqa: E741
+               sm100_variant: str | None = None):
+        """(kernel class, config, target) for this device and shape, without compiling."""
         tgt = target(tuple(capability))
         use_tc = False
         if tgt.family == "sm_100":
@@ -97,13 +97,24 @@ class Dispatcher:
             use_tc = variant == "tc" and sf_kind == "permuted"
         if use_tc:
             _require(gemv_tc_sm100.GemvTcSm100.can_implement, m, k, l)
-            config = gemv_tc_sm100.GemvTcSm100Config()
-            compiled = self.compile(gemv_tc_sm100.GemvTcSm100, config, tgt)
+            return gemv_tc_sm100.GemvTcSm100, gemv_tc_sm100.GemvTcSm100Config(), tgt
+        _require(gemv_simt.GemvSimt.can_implement, m, k, l)
+        return gemv_simt.GemvSimt, simt_config_for(m, k, l, sf_kind), tgt
+
+    def describe(self, capability, m: int, k: int, l: int, sf_kind: str = "permuted") -> str:  # noqa: E741
+        """What `select` picks, in words: the kernel class and its config."""
+        kernel_cls, config, tgt = self.choose(capability, m, k, l, sf_kind)
+        return f"{kernel_cls.__name__} {tgt.gpu_arch} {config}"
+
+    def select(self, capability: tuple[int, int], m: int, k: int, l: int, sf_kind: str = "permuted",  # noqa: E741
+               sm100_variant: str | None = None) -> Callable:
+        """The launcher for this device and shape: a callable (a, b, sf_a, sf_b, c)."""
+        kernel_cls, config, tgt = self.choose(capability, m, k, l, sf_kind, sm100_variant)
+        compiled = self.compile(kernel_cls, config, tgt)
+        if kernel_cls is gemv_tc_sm100.GemvTcSm100:
             pointers = self.call == "pointers"
             fn = compiled if pointers else raw_function(compiled)
             return TcLauncher(fn, config, pointers=pointers, workspace_key=self.workspace_key)
-        _require(gemv_simt.GemvSimt.can_implement, m, k, l)
-        compiled = self.compile(gemv_simt.GemvSimt, simt_config_for(m, k, l, sf_kind), tgt)
         if self.call == "pointers":
             return _on_pointers(compiled, m, k, l)
         return raw_function(compiled)

@@ -105,3 +105,20 @@ def bench_report(raw, bandwidth: float, geomean_variants) -> tuple[list, str]:
             lines.append(f"{name} geomean (contest timing): {geo:.2f} us = {geo / geo_floor:.2f} x floor "
                          f"({geo_floor:.2f} us)")
     return rows, "\n".join(lines)
+
+
+def read_ratio_report(rows, variant: str, read: str, describe=None) -> str:
+    """Per shape: `variant`'s contest µs, the stream read's, their ratio (and `describe(m, k, l)`, e.g. what dispatch
+    picked); then the geomean of the ratios."""
+    by = {(r["m"], r["k"], r["l"], r["variant"]): r["contest_us"] for r in rows}
+    shapes = list(dict.fromkeys((r["m"], r["k"], r["l"]) for r in rows))
+    table, ratios = [], []
+    for m, k, l in shapes:  # noqa: E741
+        if (m, k, l, variant) not in by or (m, k, l, read) not in by:
+            continue
+        ratio = by[(m, k, l, variant)] / by[(m, k, l, read)]
+        ratios.append(ratio)
+        table.append(((m, k, l), f"{by[(m, k, l, variant)]:.2f}", f"{by[(m, k, l, read)]:.2f}", f"{ratio:.3f}",
+                      describe(m, k, l) if describe else ""))
+    head = ("shape (M,K,L)", f"{variant} us", "read us", "x read", "kernel and config" if describe else "")
+    return "\n".join([format_table(head, table), f"geomean {variant} / read (contest timing): {geomean(ratios):.3f}"])

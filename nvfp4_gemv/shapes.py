@@ -55,6 +55,39 @@ ODD_SHAPES: tuple[tuple[int, int, int], ...] = (
 )
 
 
+class DecodeShape(NamedTuple):
+    """A GEMV shape that LLM decode runs: one weight matrix (or L experts' weights) times one token's activation."""
+
+    m: int
+    k: int
+    l: int  # noqa: E741
+    source: str
+
+    @property
+    def mkl(self) -> tuple[int, int, int]:
+        return (self.m, self.k, self.l)
+
+
+# The decode suite: the contest's timed shapes, then dense and MoE-expert projections of public models. M = output
+# features, K = input features, L = experts (or batched matrices) in one launch.
+DECODE_SUITE: tuple[DecodeShape, ...] = tuple(DecodeShape(*s.mkl, "contest benchmark") for s in BENCH_SHAPES) + (
+    DecodeShape(6144, 4096, 1, "Llama-3-8B qkv_proj"),
+    DecodeShape(28672, 4096, 1, "Llama-3-8B gate_up_proj"),
+    DecodeShape(4096, 14336, 1, "Llama-3-8B down_proj"),
+    DecodeShape(8192, 28672, 1, "Llama-3-70B down_proj"),
+    DecodeShape(5760, 2880, 1, "gpt-oss-120b expert gate_up (M, K per expert)"),
+    DecodeShape(4096, 7168, 1, "the contest's 4096 x 7168 matrix, one batch"),
+    DecodeShape(4096, 4096, 1, "Llama-3-8B o_proj"),
+    DecodeShape(10240, 8192, 1, "Llama-3-70B qkv_proj"),
+    DecodeShape(2048, 7168, 8, "DeepSeek-V3 routed experts gate/up, 8 active"),
+    DecodeShape(7168, 2048, 8, "DeepSeek-V3 routed experts down, 8 active"),
+    DecodeShape(1536, 2048, 8, "Qwen3-30B-A3B experts gate_up, 8 active"),
+    DecodeShape(14336, 4096, 2, "Mixtral-8x7B experts w1, 2 active"),
+    DecodeShape(576, 7168, 1, "DeepSeek-V3 kv_a_proj (M not a multiple of 128)"),
+)
+SUITES = {"contest": tuple(s.mkl for s in BENCH_SHAPES), "decode": tuple(s.mkl for s in DECODE_SUITE)}
+
+
 def bytes_moved(m: int, k: int, l: int) -> int:  # noqa: E741
     """Bytes a GEMV must move at least: L * (A + SFA + b row 0 + SFB row 0 + C) = L*(MK/2 + MK/16 + K/2 + K/16 + 2M).
 
