@@ -16,7 +16,7 @@ contiguous bytes of the permuted buffer. A warp is r_lanes such r × c_lanes = 3
 
 Warps take interleaved K windows; each thread sums its blocks in fp32 in K order, then lanes (butterfly over c) and
 warps (in warp order, through shared memory) are added in a fixed order, so the result is bit-identical run to run.
-The split that is fastest depends on K (nvfp4_gemv/dispatch.py: SIMT_TABLE, measured on the H200).
+The split is chosen per shape and SM count (nvfp4_gemv/dispatch.py: simt_config_for, fitted to an H200 sweep).
 
 With plain scales ptxas (sm_90a) uses 72 registers and spills two values, 8 bytes a thread: an STL of each before
 the K loop and an LDL after it, none inside (the SASS summary's `LDL 2 / STL 2`; BENCHMARKS.md, "The plain-scale

@@ -30,22 +30,33 @@ SM100_VARIANTS = ("tc", "simt")
 _DEFAULT_SM100 = "tc"
 
 
-# (largest K, warps, r_lanes, unroll): the fastest graph-timed configs on the H200 for the three benchmark shapes,
-# K = 2048, 7168, 16384, from an 18-config sweep of warps 2/4/8 × r_lanes 2/4/8 × unroll 2/4 (BENCHMARKS.md);
-# warps × r_lanes small enough that M·L / (4·r_lanes) CTAs fill 132 SMs several times over.
-SIMT_TABLE = (
-    (2048, 2, 4, 4),
-    (8192, 2, 2, 2),
-    (None, 4, 2, 4),
-)
+# The CUDA-core kernel's config, from a model fitted to a committed sweep (docs/sweep_h200_decode.csv: 24 configs
+# on the 16 decode-suite shapes, graph-timed beside the stream read; BENCHMARKS.md, "Dispatch by shape"). The grid
+# has ceil(M/128)·(32/r_lanes)·L CTAs of `warps` warps; a GEMV reads at the roofline once about WARPS_PER_SM warps
+# per SM are in flight, so warps per CTA (each on its own K windows, summed in a fixed order) grow until the grid
+# holds that many. r_lanes = 2 (256-byte row pieces) except at K <= 2048 with rows to spare, where 128-byte pieces
+# (r_lanes = 4) measured faster; CTAs of 8 or more warps take the 4-step unroll.
+WARPS_PER_SM = 19
+WARP_CHOICES = (2, 4, 8, 16)
+H200_SMS = 132  # the SM count the model falls back to where no device is asked (CPU compiles)
 
 
-def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted"):  # noqa: E741
-    """The CUDA-core kernel's config for a shape: the first row of SIMT_TABLE whose K bound holds."""
-    for k_max, warps, r_lanes, unroll in SIMT_TABLE:
-        if k_max is None or k <= k_max:
-            return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=warps, r_lanes=r_lanes, unroll=unroll)
-    raise AssertionError("SIMT_TABLE ends with a catch-all row")
+def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int = H200_SMS):  # noqa: E741
+    """The CUDA-core kernel's config for (M, K, L) on a GPU with `sms` SMs (see the model above)."""
+    target = WARPS_PER_SM * sms
+    slabs = -(-m // 128) * l
+    if k <= 2048 and slabs * (128 // 16) * 2 >= target:  # r_lanes = 4: 8 CTAs a slab, 2 warps each
+        return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=2, r_lanes=4, unroll=4)
+    ctas = slabs * (128 // 8)  # r_lanes = 2: 16 CTAs a slab
+    warps = next((w for w in WARP_CHOICES if ctas * w >= target), WARP_CHOICES[-1])
+    return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=warps, r_lanes=2, unroll=4 if warps >= 8 else 2)
+
+
+def simt_configs(sf_kind: str = "permuted") -> tuple:
+    """Every config `simt_config_for` can return: what a compile-only check must build."""
+    return (gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=2, r_lanes=4, unroll=4),) + tuple(
+        gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=w, r_lanes=2, unroll=4 if w >= 8 else 2) for w in WARP_CHOICES
+    )
 
 
 def _require(can_implement, m: int, k: int, l: int):  # noqa: E741
@@ -83,6 +94,7 @@ class Dispatcher:
         self.workspace_key = workspace_key
         self.kernels: dict[tuple, Callable] = {}
         self._capability: dict[int, tuple[int, int]] = {}
+        self._sms: dict[int, int] = {}
 
     def choose(self, capability: tuple[int, int], m: int, k: int, l: int, sf_kind: str = "permuted",  # noqa: E741
                sm100_variant: str | None = None):
@@ -99,7 +111,7 @@ class Dispatcher:
             _require(gemv_tc_sm100.GemvTcSm100.can_implement, m, k, l)
             return gemv_tc_sm100.GemvTcSm100, gemv_tc_sm100.GemvTcSm100Config(), tgt
         _require(gemv_simt.GemvSimt.can_implement, m, k, l)
-        return gemv_simt.GemvSimt, simt_config_for(m, k, l, sf_kind), tgt
+        return gemv_simt.GemvSimt, simt_config_for(m, k, l, sf_kind, self.sms(capability)), tgt
 
     def describe(self, capability, m: int, k: int, l: int, sf_kind: str = "permuted") -> str:  # noqa: E741
         """What `select` picks, in words: the kernel class and its config."""
@@ -118,6 +130,16 @@ class Dispatcher:
         if self.call == "pointers":
             return _on_pointers(compiled, m, k, l)
         return raw_function(compiled)
+
+    def sms(self, capability) -> int:
+        """The SM count of the device being dispatched for (the current CUDA device; H200_SMS without CUDA)."""
+        if not torch.cuda.is_available():
+            return H200_SMS
+        idx = torch.cuda.current_device()
+        count = self._sms.get(idx)
+        if count is None:
+            count = self._sms[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+        return count
 
     def capability(self, device: torch.device) -> tuple[int, int]:
         idx = device.index if device.index is not None else torch.cuda.current_device()

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from nvfp4_gemv.dispatch import SIMT_TABLE, SM100_VARIANTS, Dispatcher, simt_config_for
+from nvfp4_gemv.dispatch import SM100_VARIANTS, Dispatcher, simt_config_for
 
-__all__ = ["custom_kernel", "select_kernel", "simt_config_for", "SIMT_TABLE", "SM100_VARIANTS", "DISPATCH"]
+__all__ = ["custom_kernel", "select_kernel", "simt_config_for", "SM100_VARIANTS", "DISPATCH"]
 
 DISPATCH = Dispatcher("tvm_ffi", stream="torch", workspace_key=lambda: torch.cuda.current_stream().cuda_stream)
 custom_kernel = DISPATCH.__call__

@@ -106,9 +106,8 @@ def dispatched_kernels(prefix, gpu_arch):
     dispatch = embedded(prefix, "nvfp4_gemv.dispatch")
     simt = embedded(prefix, "cute_kernels.gemv_simt")
     out = []
-    for k_max, _, _, _ in dispatch.SIMT_TABLE:
-        config = dispatch.simt_config_for(128, k_max or 16384, 1)
-        out.append((f"gemv_simt K<={k_max or 'any'} {config}", simt.GemvSimt, config))
+    for config in dispatch.simt_configs():
+        out.append((f"gemv_simt {config}", simt.GemvSimt, config))
     if compile_mod.target(gpu_arch).family == "sm_100":
         tc = embedded(prefix, "cute_kernels.gemv_tc_sm100")
         out.append((f"gemv_tc_sm100 {tc.GemvTcSm100Config()}", tc.GemvTcSm100, tc.GemvTcSm100Config()))

@@ -50,6 +50,31 @@ def test_sm100_defaults_to_tensor_cores_and_offers_the_cuda_core_variant(monkeyp
         d.select((10, 0), 128, 256, 1, sm100_variant="wgmma")
 
 
+@pytest.mark.parametrize(
+    "mkl, sms, expected",
+    [
+        ((7168, 16384, 1), 132, (4, 2, 2)),  # 896 CTAs: 2 warps each leave the GPU short of warps
+        ((4096, 7168, 8), 132, (2, 2, 2)),  # 4096 CTAs: plenty
+        ((7168, 2048, 4), 132, (2, 4, 4)),  # short K with rows to spare: 128-byte row pieces
+        ((1536, 2048, 8), 132, (2, 2, 2)),  # short K without: 256-byte pieces keep enough CTAs
+        ((4096, 7168, 1), 132, (8, 2, 4)),  # 512 CTAs: K split over 8 warps a CTA
+        ((576, 7168, 1), 132, (16, 2, 4)),  # 80 CTAs: the most warps a CTA takes
+        ((4096, 7168, 1), 66, (4, 2, 2)),  # half the SMs need half the warps
+        ((1, 64, 1), 132, (16, 2, 4)),
+    ],
+)
+def test_config_model_fills_the_gpu_with_warps(mkl, sms, expected):
+    from nvfp4_gemv.dispatch import WARPS_PER_SM, simt_config_for, simt_configs
+
+    cfg = simt_config_for(*mkl, sms=sms)
+    assert (cfg.warps, cfg.r_lanes, cfg.unroll) == expected and cfg in simt_configs()
+    m, _, l = mkl
+    ctas = -(-m // 128) * cfg.ctas_per_slab * l
+    assert ctas * cfg.warps >= WARPS_PER_SM * sms or cfg.warps == 16
+    if cfg.warps > 2:  # the fewest warps that reach the target
+        assert ctas * (cfg.warps // 2) < WARPS_PER_SM * sms
+
+
 def test_pointer_path_wraps_the_compiled_function():
     d, calls = _recording(call="pointers")
     run = d.select((9, 0), 128, 256, 1)
