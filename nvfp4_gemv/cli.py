@@ -255,8 +255,8 @@ def _cmd_sweep(args) -> int:
     if not _has_cuda():
         print(f"{NO_GPU}: a sweep times kernels, so there is nothing to do here.", file=sys.stderr)
         return 1
-    configs = [GemvSimtConfig(warps=w, r_lanes=r, unroll=u)
-               for w, r, u in itertools.product(args.warps, args.r_lanes, args.unroll)]
+    configs = [GemvSimtConfig(warps=w, r_lanes=r, unroll=u, rows_per_thread=t)
+               for w, r, u, t in itertools.product(args.warps, args.r_lanes, args.unroll, args.rows_per_thread)]
     rows = sweep_rows(args.shapes or list(SUITES[args.suite]), configs, log=Progress())
     args.out.mkdir(exist_ok=True)
     with open(args.out / "sweep.csv", "w", newline="") as f:
@@ -343,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--warps", nargs="+", type=_positive_int, default=[2, 4, 8, 16])
     w.add_argument("--r-lanes", nargs="+", type=int, choices=(2, 4, 8), default=[2, 4, 8])
     w.add_argument("--unroll", nargs="+", type=_positive_int, default=[2, 4])
+    w.add_argument("--rows-per-thread", nargs="+", type=int, choices=(1, 2, 4), default=[1])
     w.add_argument("--out", type=_out_folder, default="bench-out", help="folder for sweep.csv (default: bench-out)")
     w.set_defaults(func=_cmd_sweep)
 
