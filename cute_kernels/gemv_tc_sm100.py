@@ -38,6 +38,7 @@ import cutlass.utils.blockscaled_layout as blockscaled_utils
 from cutlass.cute.nvgpu import cpasync, tcgen05
 
 from cute_kernels import tile_scheduler as ts
+from cute_kernels.ptx import tcgen05_fence_after_thread_sync, tcgen05_fence_before_thread_sync
 from cute_kernels.compile import (
     OperandMajorMode, SmemAllocator, atomic_add_acq_rel_gpu, blockscaled_gemm, blockscaled_tiled_mma, global_ptr,
     launch, load_relaxed_gpu_f32, member_ptr, tmem_allocator,
@@ -146,6 +147,13 @@ class GemvTcSm100:
         """Launch on `stream` (None: the default stream)."""
         launch(*self.build(mA, mB, mSFA, mSFB, mC, mPartial, mArrival, num_ctas), stream=stream)
 
+    @staticmethod
+    def sfb_layout(b_shape):
+        """The layout of b's permuted scales for b of shape (rows, K, L): the buffer always holds 128 rows
+        (docs/contract.md), whatever b's row count, so its batch stride is that of one 128-row block."""
+        _, k, l = b_shape  # noqa: E741
+        return sf_cute.sf_layout_permuted_mkl(TILE_M, k, l)
+
     @cute.jit
     def build(self, mA, mB, mSFA, mSFB, mC, mPartial, mArrival, num_ctas):
         """Trace-time TMA atoms, shared storage and grid shared by every launch path: (kernel call, keywords)."""
@@ -155,7 +163,7 @@ class GemvTcSm100:
 
         # Scale views: the permuted buffers as (((32,4),rest_mn),((16,4),rest_k),(1,L)) over (row, K element, batch).
         sfa_mkl = cute.make_tensor(mSFA.iterator, sf_cute.sf_layout_permuted_mkl(*mA.shape))
-        sfb_nkl = cute.make_tensor(mSFB.iterator, sf_cute.sf_layout_permuted_mkl(*mB.shape))
+        sfb_nkl = cute.make_tensor(mSFB.iterator, self.sfb_layout(mB.shape))
 
         a_smem = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, cutlass.Float4E2M1FN, stages)
         b_smem = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, cutlass.Float4E2M1FN, stages)
@@ -317,9 +325,9 @@ class GemvTcSm100:
         k_tiles = cutlass.Int64(ts.num_k_tiles(k, cfg.tile_k))
         total = m_tiles * cutlass.Int64(l) * k_tiles
         g = cutlass.Int64(cta)
-        G = cutlass.Int64(num_ctas)
-        w_begin = ts.cta_work_begin(g, G, total)
-        w_end = ts.cta_work_begin(g + 1, G, total)
+        # CTAs past the work count get empty runs and count nowhere, so any num_ctas >= 1 is correct.
+        G = ts.effective_ctas(cutlass.Int64(num_ctas), total, cutlass.min)
+        w_begin, w_end = ts.cta_run(g, cutlass.Int64(num_ctas), total, cutlass.min)
 
         if warp_idx == self.tma_warp:
             ab_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, cfg.stages)
@@ -346,6 +354,7 @@ class GemvTcSm100:
 
         if warp_idx == self.mma_warp:
             tmem.wait_for_alloc()
+            tcgen05_fence_after_thread_sync()  # the allocation, ordered after the barrier that announced it
             acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
             tCtAcc_base = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
             # Scales live past the accumulators, from column SF_TMEM_COL (32-column aligned).
@@ -370,6 +379,7 @@ class GemvTcSm100:
             while w < w_end:
                 tile, k0, k1, w_next = ts.next_segment(w, w_end, k_tiles, cutlass.min)
                 acc_pipe.producer_acquire(acc_state)
+                tcgen05_fence_after_thread_sync()  # the epilogue's reads of this accumulator precede our MMAs
                 tCtAcc = tCtAcc_base[(None, None, None, acc_state.index)]
                 tiled_mma.set(tcgen05.Field.ACCUMULATE, False)
                 for kt in cutlass.range(cutlass.Int32(k0), cutlass.Int32(k1), 1, unroll=1):
@@ -396,7 +406,9 @@ class GemvTcSm100:
 
         if warp_idx < self.epi_warps:
             tmem.allocate(self._tmem_cols())
+            tcgen05_fence_before_thread_sync()
             tmem.wait_for_alloc()
+            tcgen05_fence_after_thread_sync()
             acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
             tCtAcc_base = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
             # (128, N, STAGE) accumulator view; one TMEM lane (= output row) per thread
@@ -422,6 +434,7 @@ class GemvTcSm100:
                 acc_pipe.consumer_wait(acc_state)
                 cute.copy(t2r, tTR_tAcc[(None, None, None, acc_state.index)], tTR_rAcc)
                 cute.arch.fence_view_async_tmem_load()
+                tcgen05_fence_before_thread_sync()  # the loads, ordered before the arrive that frees the buffer
                 acc_pipe.consumer_release(acc_state)
                 acc_state.advance()
 
@@ -448,7 +461,9 @@ class GemvTcSm100:
                 w = w_next
 
             tmem.relinquish_alloc_permit()
+            tcgen05_fence_before_thread_sync()
             epi_barrier.arrive_and_wait()
+            tcgen05_fence_after_thread_sync()
             tmem.free(acc_ptr)
 
     @cute.jit
@@ -473,7 +488,8 @@ class GemvTcSm100:
             # Last to arrive: sum every partial of this tile in CTA order (a fixed order).
             cute.arch.fence_acq_rel_gpu()
             total_acc = cutlass.Float32(0.0)
-            for c in cutlass.range(cutlass.Int32(first), cutlass.Int32(last) + 1, 1, unroll=1):
+            # Independent loads (unrolled, so several are in flight), added in CTA order: bit-stable.
+            for c in cutlass.range(cutlass.Int32(first), cutlass.Int32(last) + 1, 1, unroll=4):
                 c64 = cutlass.Int64(c)
                 c_slot = ts.partial_slot(c64, tile, k_tiles, G, total, cutlass.min)
                 idx = cutlass.Int32(ts.partial_offset(c64, c_slot, cutlass.Int64(row)))

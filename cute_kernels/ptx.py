@@ -1,6 +1,7 @@
 """Inline PTX from CuTe DSL code: one helper for every `asm` statement the kernels use."""
 
 from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
 
 def inline_ptx(result_type, operands, asm: str, constraints: str, side_effects: bool = False, loc=None, ip=None):
@@ -16,3 +17,18 @@ def inline_ptx(result_type, operands, asm: str, constraints: str, side_effects: 
         loc=loc,
         ip=ip,
     )
+
+
+@dsl_user_op
+def tcgen05_fence_before_thread_sync(*, loc=None, ip=None) -> None:
+    """`tcgen05.fence::before_thread_sync`: orders this thread's earlier tcgen05 operations (alloc, ld, mma) before
+    the thread synchronization that follows (a barrier or an mbarrier arrive). Every DSL release lacks a stable
+    wrapper for it, so it is inline PTX."""
+    inline_ptx(None, [], "tcgen05.fence::before_thread_sync;", "~{memory}", side_effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def tcgen05_fence_after_thread_sync(*, loc=None, ip=None) -> None:
+    """`tcgen05.fence::after_thread_sync`: orders the tcgen05 operations that follow after the thread
+    synchronization just passed."""
+    inline_ptx(None, [], "tcgen05.fence::after_thread_sync;", "~{memory}", side_effects=True, loc=loc, ip=ip)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 TILE_M = 128
 PARTIAL_SLOTS = 2  # partial segments a CTA can leave: the head of its run and the tail
+MIN_K_TILES_PER_CTA = 4  # a split never gives a CTA fewer K tiles: a tile's fan-in is at most (k_tiles - 1) // 4 + 2
 
 
 def ceil_div(a, b):
@@ -33,9 +34,21 @@ def output_tile_coord(tile, m_tiles):
     return tile % m_tiles, tile // m_tiles
 
 
+def effective_ctas(num_ctas, total_work, minimum=min):
+    """The CTAs that get work: at most one per work item. With more CTAs than work items some runs would be empty,
+    and a tile would count a CTA that never arrives among its contributors; those CTAs get no work instead."""
+    return minimum(num_ctas, total_work)
+
+
 def cta_work_begin(cta, num_ctas, total_work):
     """First work item of `cta`; `cta_work_begin(cta + 1, ...)` is one past its last."""
     return (cta * total_work) // num_ctas
+
+
+def cta_run(cta, num_ctas, total_work, minimum=min):
+    """[begin, end) of `cta`'s work under the effective CTA count: empty (at the end of the work) for a CTA past it."""
+    g = effective_ctas(num_ctas, total_work, minimum)
+    return (cta_work_begin(minimum(cta, g), g, total_work), cta_work_begin(minimum(cta + 1, g), g, total_work))
 
 
 def cta_of_work(w, num_ctas, total_work):
@@ -73,10 +86,11 @@ def workspace_elems(num_ctas, tile_m=TILE_M):
     return num_ctas * PARTIAL_SLOTS * tile_m
 
 
-def choose_num_ctas(m, k, l, num_sms, tile_k, tile_m=TILE_M):
-    """Grid size: one CTA per SM, never more CTAs than K tiles of work."""
+def choose_num_ctas(m, k, l, num_sms, tile_k, tile_m=TILE_M, min_k_tiles=MIN_K_TILES_PER_CTA):
+    """Grid size: one CTA per SM, each with at least `min_k_tiles` K tiles of work (bounding how many CTAs share a
+    tile, and so the finishing CTA's fan-in), and never fewer than one."""
     total = num_output_tiles(m, l, tile_m) * num_k_tiles(k, tile_k)
-    return max(1, min(num_sms, total))
+    return max(1, min(num_sms, total // min_k_tiles))
 
 
 def num_k_tiles(k, tile_k):
@@ -87,8 +101,8 @@ def cta_segments(cta, num_ctas, m, k, l, tile_k, tile_m=TILE_M):
     """Host view of `cta`'s segments: a list of (tile, k_begin, k_end, num_contributors, slot)."""
     k_tiles = num_k_tiles(k, tile_k)
     total = num_output_tiles(m, l, tile_m) * k_tiles
-    w = cta_work_begin(cta, num_ctas, total)
-    w_end = cta_work_begin(cta + 1, num_ctas, total)
+    w, w_end = cta_run(cta, num_ctas, total)
+    num_ctas = effective_ctas(num_ctas, total)
     out = []
     while w < w_end:
         tile, k0, k1, w = next_segment(w, w_end, k_tiles)

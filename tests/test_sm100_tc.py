@@ -178,7 +178,7 @@ def _simulate(m, k, l, num_ctas):
 def test_schedule_covers_every_k_tile_once_and_writes_every_output_once(m, k, l, num_sms):
     num_ctas = ts.choose_num_ctas(m, k, l, num_sms, TILE_K)
     k_tiles, tiles, total, consumed, segments, per_cta = _simulate(m, k, l, num_ctas)
-    assert num_ctas == min(num_sms, total)
+    assert num_ctas == max(1, min(num_sms, total // ts.MIN_K_TILES_PER_CTA))
     assert (consumed == 1).all()  # every K element of every tile consumed exactly once
     assert max(per_cta) - min(per_cta) <= 1 and min(per_cta) >= 1  # balanced to one K tile
     written = np.zeros((m, l), dtype=np.int64)
@@ -220,3 +220,170 @@ def test_next_segment_with_a_custom_minimum():
     # The kernel passes cutlass.min; any min-like callable gives the same segments.
     assert ts.next_segment(5, 30, 8, minimum=lambda a, b: a if a < b else b) == (0, 5, 8, 8)
     assert ts.next_segment(9, 12, 8) == (1, 1, 4, 12)
+
+
+# ---------------------------------------------------------------- hardening: defects fixed, each with its test
+
+
+@cute.jit
+def _sfb_view(rows: cutlass.Constexpr, k: cutlass.Constexpr, l: cutlass.Constexpr, out: cutlass.Constexpr):
+    layout = tc.GemvTcSm100.sfb_layout((rows, k, l))
+    out.append((layout.shape, layout.stride))
+
+
+@pytest.mark.parametrize("rows_b", [1, 8, 128, 256, 384])
+def test_b_scale_view_is_the_128_row_buffer_whatever_bs_rows(rows_b):
+    """b may carry any number of rows, but sfb_permuted always holds 128 (docs/contract.md). A view built from b's
+    row count (the old code) strides batches by the wrong block count once rows_b > 128 and L > 1."""
+    k, l = 512, 3  # noqa: E741
+    out = []
+    _sfb_view(rows_b, k, l, out)
+    shape, stride = out[0]
+    rows = _mode_offsets(shape[0], stride[0])
+    kcol = _mode_offsets(shape[1], stride[1])
+    batch = _mode_offsets(shape[2], stride[2])
+    assert len(rows) == 128 and len(batch) == l
+    i, e, b = np.meshgrid(np.arange(128), np.arange(k), np.arange(l), indexing="ij")
+    got = rows[i] + kcol[e] + batch[b]
+    np.testing.assert_array_equal(got, closed_form.permuted_mkl_offset(i, e, b, 128, k))
+
+
+def _contributors(tile, k_tiles, num_ctas, total):
+    """CTAs the kernel counts for `tile` (first..last under the effective CTA count)."""
+    g = ts.effective_ctas(num_ctas, total)
+    return range(ts.tile_first_cta(tile, k_tiles, g, total), ts.tile_last_cta(tile, k_tiles, g, total) + 1)
+
+
+@pytest.mark.parametrize("m,k,l,num_ctas", [(128, 512, 1, 4), (128, 256, 1, 2), (1, 64, 1, 148), (300, 2048, 3, 97)])
+def test_more_ctas_than_work_leaves_no_counted_cta_without_work(m, k, l, num_ctas):
+    """num_ctas above the work count (the compiled entry takes any value): every CTA counted as a contributor of a
+    tile has a segment of it, so the finisher's arrival count is reached and the counter returns to zero. With 1
+    tile, 2 K tiles and 4 CTAs the old schedule counted CTAs 1..3, of which CTA 2 had no work."""
+    k_tiles = ts.num_k_tiles(k, TILE_K)
+    total = ts.num_output_tiles(m, l) * k_tiles
+    for tile in range(ts.num_output_tiles(m, l)):
+        for g in _contributors(tile, k_tiles, num_ctas, total):
+            assert any(t == tile for t, *_ in ts.cta_segments(g, num_ctas, m, k, l, TILE_K)), (tile, g)
+    covered = [seg for g in range(num_ctas) for seg in ts.cta_segments(g, num_ctas, m, k, l, TILE_K)]
+    assert sum(k1 - k0 for _, k0, k1, _, _ in covered) == total
+
+
+def test_split_is_bounded_so_the_fan_in_is():
+    """At least MIN_K_TILES_PER_CTA K tiles a CTA: a tile's finisher sums at most (k_tiles - 1) // 4 + 2 partials (the old
+    choice gave one K tile a CTA on every test shape, a 64-way serial sum on the first benchmark shape)."""
+    for m, k, l in ALL_SHAPES:  # noqa: E741
+        num_ctas = ts.choose_num_ctas(m, k, l, 148, TILE_K)
+        k_tiles = ts.num_k_tiles(k, TILE_K)
+        total = ts.num_output_tiles(m, l) * k_tiles
+        assert num_ctas == max(1, min(148, total // ts.MIN_K_TILES_PER_CTA))
+        for tile in range(ts.num_output_tiles(m, l)):
+            fan_in = len(_contributors(tile, k_tiles, num_ctas, total))
+            assert fan_in <= (k_tiles - 1) // ts.MIN_K_TILES_PER_CTA + 2, (m, k, l, tile, fan_in)
+
+
+def _simulate_split_protocol(m, k, l, num_ctas, rng):
+    """The epilogue's protocol on the host, CTAs' segments interleaved at random: write the partial to its slot,
+    bump the tile's counter; the CTA that sees the count reach contributors - 1 sums every contributor's slot in CTA
+    order, writes the tile, and zeroes the counter. Returns (tile -> values written, counters, expected sums)."""
+    k_tiles = ts.num_k_tiles(k, TILE_K)
+    total = ts.num_output_tiles(m, l) * k_tiles
+    g_eff = ts.effective_ctas(num_ctas, total)
+    value = {(t, kt): float(rng.standard_normal()) for t in range(ts.num_output_tiles(m, l)) for kt in range(k_tiles)}
+    queues = {g: list(ts.cta_segments(g, num_ctas, m, k, l, TILE_K)) for g in range(num_ctas)}
+    slots, counters, written, expected = {}, {}, {}, {}
+    for t in range(ts.num_output_tiles(m, l)):
+        parts = []
+        for g in _contributors(t, k_tiles, num_ctas, total):
+            seg = [s for s in queues[g] if s[0] == t]
+            parts.append(sum(value[(t, kt)] for kt in range(seg[0][1], seg[0][2])) if seg else None)
+        acc = 0.0
+        for p in parts:
+            acc = acc + p
+        expected[t] = acc
+    while any(queues.values()):
+        g = rng.choice([c for c, q in queues.items() if q])
+        t, k0, k1, n, slot = queues[g].pop(0)
+        part = 0.0
+        for kt in range(k0, k1):
+            part = part + value[(t, kt)]
+        first = ts.tile_first_cta(t, k_tiles, g_eff, total)
+        last = ts.tile_last_cta(t, k_tiles, g_eff, total)
+        assert n == last - first + 1
+        if first == last:
+            written.setdefault(t, []).append(part)
+            continue
+        slots[ts.partial_offset(g, slot, 0)] = (g, t, part)
+        arrived = counters.get(t, 0)
+        counters[t] = arrived + 1
+        if arrived == last - first:
+            acc = 0.0
+            for c in range(first, last + 1):
+                owner, tile, p = slots[ts.partial_offset(c, ts.partial_slot(c, t, k_tiles, g_eff, total), 0)]
+                assert (owner, tile) == (c, t), "a slot was overwritten before the finisher read it"
+                acc = acc + p
+            written.setdefault(t, []).append(acc)
+            counters[t] = 0
+    return written, counters, expected
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_split_protocol_under_random_interleavings_and_cta_counts(seed):
+    rng = np.random.default_rng(seed)
+    m = int(rng.choice([1, 127, 128, 300, 1000, 7168]))
+    k = int(rng.choice([64, 256, 768, 2048, 16384]))
+    l = int(rng.integers(1, 5))  # noqa: E741
+    num_ctas = int(rng.integers(1, 400))  # above the work count too
+    written, counters, expected = _simulate_split_protocol(m, k, l, num_ctas, rng)
+    assert sorted(written) == list(range(ts.num_output_tiles(m, l)))
+    assert all(len(v) == 1 for v in written.values()), "a tile was written more than once"
+    assert all(written[t][0] == expected[t] for t in written), "not the CTA-ordered sum"  # bit for bit
+    assert all(c == 0 for c in counters.values())
+
+
+@pytest.mark.slow
+def test_ptx_orders_tmem_handoffs_with_tcgen05_fences(ptx):
+    """tcgen05.fence::before/after_thread_sync around the TMEM allocation handoff, the epilogue's release of an
+    accumulator buffer, and the final barrier before dealloc (the DSL's documentation of tcgen05 ordering)."""
+    lines = [ln.strip() for ln in ptx.splitlines()]
+
+    def at(pattern, start=0):
+        return next(i for i in range(start, len(lines)) if pattern in lines[i])
+
+    alloc = at("tcgen05.alloc")
+    before = at("tcgen05.fence::before_thread_sync", alloc)
+    assert before < at("bar.sync", alloc) < at("tcgen05.fence::after_thread_sync", alloc)
+    wait_ld = at("tcgen05.wait::ld")
+    assert at("tcgen05.fence::before_thread_sync", wait_ld) < at("mbarrier.arrive", wait_ld)
+    dealloc = at("tcgen05.dealloc")
+    tail = [" ".join(x.split()) for x in lines[at("tcgen05.relinquish_alloc_permit"):dealloc]]
+    assert [x for x in tail if x.startswith(("tcgen05.fence", "bar.sync"))] == [
+        "tcgen05.fence::before_thread_sync;", "bar.sync 2, 128;", "tcgen05.fence::after_thread_sync;"
+    ]
+    # The MMA warp fences after each wait on an empty accumulator, before its first MMA.
+    assert sum("tcgen05.fence::after_thread_sync" in x for x in lines) >= 3
+
+
+def test_workspace_is_kept_per_device_and_stream(monkeypatch):
+    """Two calls on two streams must not share partials and counters: the launcher keys its workspace by (device,
+    workspace_key()), which the library binds to torch's current stream. A stub stands in for the compiled kernel."""
+    import torch
+
+    from cute_kernels.tc_workspace import TcLauncher
+    from submission.reference import generate_input
+
+    calls = []
+    stream = ["s1"]
+    launcher = TcLauncher(lambda *args: calls.append(args), tc.GemvTcSm100Config(), workspace_key=lambda: stream[0])
+    launcher.sms[0] = 148
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    a, b, _, _, sfa_p, sfb_p, c = generate_input(256, 4096, 2, seed=0)
+    launcher(a, b, sfa_p, sfb_p, c)
+    launcher(a, b, sfa_p, sfb_p, c)
+    stream[0] = "s2"
+    launcher(a, b, sfa_p, sfb_p, c)
+    assert sorted(launcher.workspaces) == [(0, "s1"), (0, "s2")]
+    (p1, r1), (p2, r2) = [(x[5], x[6]) for x in (calls[0], calls[2])]
+    assert calls[0][5] is calls[1][5] and p1.data_ptr() != p2.data_ptr() and r1.data_ptr() != r2.data_ptr()
+    num_ctas = ts.choose_num_ctas(256, 4096, 2, 148, TILE_K)
+    assert calls[0][7] == num_ctas and p1.numel() >= ts.workspace_elems(num_ctas)
+    assert r1.numel() >= ts.num_output_tiles(256, 2) and not r1.any()  # counters start at zero
