@@ -12,6 +12,7 @@ import cutlass.cute as cute
 from cute_kernels import gemv_tc_sm100 as tc
 from cute_kernels import tile_scheduler as ts
 from cute_kernels.compile import compile_kernel
+from cute_kernels.compile import target as compile_target
 from layouts import closed_form, sf_cute
 
 TEST_SHAPES = [
@@ -387,3 +388,93 @@ def test_workspace_is_kept_per_device_and_stream(monkeypatch):
     num_ctas = ts.choose_num_ctas(256, 4096, 2, 148, TILE_K)
     assert calls[0][7] == num_ctas and p1.numel() >= ts.workspace_elems(num_ctas)
     assert r1.numel() >= ts.num_output_tiles(256, 2) and not r1.any()  # counters start at zero
+
+
+# ---------------------------------------------------------------- PTX facts the data path depends on
+
+import re  # noqa: E402
+
+
+def _defs(ptx, reg):
+    """Lines of `ptx` that write register `reg` (its first operand)."""
+    return [" ".join(ln.split()) for ln in ptx.splitlines() if re.match(rf"^\s*[a-z][\w.:]*\s+{re.escape(reg)}[,;]", ln)]
+
+
+def _mma_lines(ptx):
+    return [ln.strip() for ln in ptx.splitlines() if "tcgen05.mma" in ln]
+
+
+def _mma_operands(line):
+    # tcgen05.mma... [d_tmem], a_desc, b_desc, idesc, [sfa_tmem], [sfb_tmem], enable_input_d;
+    return [x.strip(" [];") for x in line.split(None, 1)[1].split(",")]
+
+
+def expected_idesc(m=128, n=8):
+    """tcgen05 block-scaled instruction descriptor (CUTLASS's UMMA::InstrDescriptorBlockScaled) with the scale-id
+    and negate bits clear: A and B e2m1 (format 1) at bits 7-9 and 10-12, N >> 3 at bits 17-22, ue4m3 scales (0)
+    at bit 23, M >> 4 at bits 24-28."""
+    return (1 << 7) | (1 << 10) | ((n >> 3) << 17) | ((m >> 4) << 24)
+
+
+@pytest.mark.slow
+def test_ptx_instruction_descriptor_is_m128_n8_e2m1_ue4m3(ptx):
+    constants = set()
+    for line in _mma_lines(ptx):
+        idesc = _mma_operands(line)[3]
+        frontier, seen = [idesc], set()
+        while frontier:  # every constant the descriptor operand is built from
+            reg = frontier.pop()
+            if reg in seen:
+                continue
+            seen.add(reg)
+            for d in _defs(ptx, reg):
+                for tok in re.findall(r"%r\d+|\b\d+\b", d.split(None, 2)[2]):
+                    (frontier.append(tok) if tok.startswith("%") else constants.add(int(tok)))
+    assert expected_idesc(128, tc.GemvTcSm100Config().mma_n) in constants
+    assert 0x60000000 in constants and 48 in constants  # the A and B scale-id fields, taken from the TMEM addresses
+
+
+@pytest.mark.slow
+def test_ptx_expect_tx_is_the_sum_of_the_tma_boxes(ptx):
+    cfg = tc.GemvTcSm100Config()
+    boxes = 128 * cfg.tile_k // 2 + cfg.mma_n * cfg.tile_k // 2 + 2 * 128 * (cfg.tile_k // 16)  # A, b, SFA, SFB
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    expect = [ln for ln in lines if "mbarrier.arrive.expect_tx" in ln]
+    assert len(expect) == 1
+    reg = expect[0].rstrip(";").split(",")[-1].strip()
+    assert _defs(ptx, reg) == [f"mov.b32 {reg}, {boxes};"]
+    assert boxes == 21504
+
+
+@pytest.mark.slow
+def test_ptx_first_mma_of_each_segment_resets_the_accumulate_flag(ptx):
+    mmas = _mma_lines(ptx)
+    assert len(mmas) == TILE_K // 64
+    first_pred = _mma_operands(mmas[0])[-1]
+    defs = _defs(ptx, first_pred)
+    assert f"mov.pred {first_pred}, 0;" in defs and f"mov.pred {first_pred}, -1;" in defs  # reset, then carried
+    lines = [" ".join(ln.split()) for ln in ptx.splitlines()]
+    reset = lines.index(f"mov.pred {first_pred}, 0;")
+    assert reset < lines.index(" ".join(mmas[0].split())) and lines[reset + 1].startswith("$L__")  # before the loop
+    for line in mmas[1:]:  # the later K blocks of a stage always accumulate
+        assert _defs(ptx, _mma_operands(line)[-1]) == [f"mov.pred {_mma_operands(line)[-1]}, -1;"]
+
+
+@pytest.mark.slow
+def test_ptx_tmem_columns_lie_in_the_allocation_and_match_the_scale_copies(ptx):
+    cfg = tc.GemvTcSm100Config()
+    lines = [ln.strip() for ln in ptx.splitlines()]
+    alloc = next(ln for ln in lines if ln.startswith("tcgen05.alloc"))
+    cols_reg = alloc.rstrip(";").split(",")[-1].strip()
+    cols = int(_defs(ptx, cols_reg)[0].rstrip(";").split(",")[-1])
+    assert cols == tc.GemvTcSm100(cfg, compile_target("sm_100a"))._tmem_cols() == 64
+    assert cfg.mma_n * cfg.acc_stages <= tc.SF_TMEM_COL  # accumulators below the scales
+    cp_dst = [ln.split("[", 1)[1].split("]", 1)[0] for ln in lines if ln.startswith("tcgen05.cp")]
+    mma_sf = [reg for ln in _mma_lines(ptx) for reg in _mma_operands(ln)[4:6]]
+    assert sorted(cp_dst) == sorted(mma_sf) and len(set(cp_dst)) == 2 * TILE_K // 64  # what is copied is multiplied
+    offsets = []
+    for reg in cp_dst:
+        (d,) = _defs(ptx, reg)
+        base, off = re.match(r"add\.s32\s+%r\d+, (%r\d+), (\d+);", d).groups()
+        offsets.append(int(off))
+    assert len(set(offsets)) == len(offsets) and all(tc.SF_TMEM_COL <= o < cols for o in offsets)
