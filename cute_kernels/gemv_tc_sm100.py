@@ -50,7 +50,7 @@ MMA_K = 64  # K of one kind::mxf4nvf4 MMA
 TILE_M = ts.TILE_M
 SM100_SMEM_BYTES = 232448
 SM100_NUM_SMS = 148
-SF_TMEM_COL = 32  # first TMEM column of SFA; SFB follows it. Accumulators use columns [0, N * acc_stages).
+TMEM_COLUMNS = 512  # tensor memory per SM: 128 lanes x 512 32-bit columns
 
 
 @dataclass(frozen=True)
@@ -59,8 +59,32 @@ class GemvTcSm100Config:
 
     tile_k: int = 256  # K elements per pipeline stage (4 MMAs); 128 B of A per row -> 128B swizzle
     stages: int = 8  # shared-memory ring depth: 8 x 21.5 KB; ~147 KB of A+SFA in flight per SM
-    mma_n: int = 8  # MMA N: the smallest legal N for CtaGroup.ONE, M=128
+    mma_n: int = 8  # MMA N: 8 is the smallest legal N for CtaGroup.ONE, M=128; CUTLASS validates 64..256 (below)
     acc_stages: int = 2  # TMEM accumulators, so the epilogue of one segment overlaps the next's MMAs
+
+    def __post_init__(self):
+        if self.tile_k % MMA_K or self.tile_k < MMA_K:
+            raise ValueError(f"tile_k must be a positive multiple of {MMA_K}, got {self.tile_k}")
+        if self.mma_n % 8 or not 8 <= self.mma_n <= 256:
+            raise ValueError(f"mma_n must be a multiple of 8 in 8..256, got {self.mma_n}")
+        if self.smem_bytes() > SM100_SMEM_BYTES:
+            raise ValueError(f"{self}: the shared-memory ring needs {self.smem_bytes()} bytes, more than "
+                             f"{SM100_SMEM_BYTES}; use fewer stages")
+        if self.tmem_columns() > TMEM_COLUMNS:
+            raise ValueError(f"{self}: needs {self.tmem_columns()} TMEM columns, more than {TMEM_COLUMNS}")
+
+    @property
+    def sf_tmem_col(self) -> int:
+        """First TMEM column of the scales (SFA, then SFB): past the accumulators' N x acc_stages, 32-aligned."""
+        return max(32, -(-self.mma_n * self.acc_stages // 32) * 32)
+
+    def tmem_columns(self) -> int:
+        """TMEM columns to allocate: accumulators and both scale copies, as a power of two >= 32."""
+        cols = self.sf_tmem_col + 2 * (TILE_M // 32) * (self.tile_k // MMA_K)
+        n = 32
+        while n < cols:
+            n *= 2
+        return n
 
     def smem_bytes(self) -> int:
         a = TILE_M * self.tile_k // 2
@@ -82,9 +106,6 @@ class GemvTcSm100:
             raise ValueError(
                 f"gemv_tc_sm100 needs tcgen05 block-scaled MMAs (sm_100a); cannot compile for {target.gpu_arch}"
             )
-        assert config.tile_k % MMA_K == 0 and config.mma_n % 8 == 0 and 8 <= config.mma_n <= 256
-        assert config.smem_bytes() <= SM100_SMEM_BYTES, "shared-memory ring too large"
-        assert config.mma_n * config.acc_stages <= SF_TMEM_COL, "accumulators overlap the scales in TMEM"
         self.config = config
         self.mma_tiler = (TILE_M, config.mma_n, config.tile_k)
         self.mma_tiler_sfb = (TILE_M, 128, config.tile_k)  # SF helpers stage B's scales as 128 rows
@@ -357,8 +378,8 @@ class GemvTcSm100:
             tcgen05_fence_after_thread_sync()  # the allocation, ordered after the barrier that announced it
             acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
             tCtAcc_base = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
-            # Scales live past the accumulators, from column SF_TMEM_COL (32-column aligned).
-            acc_cols = SF_TMEM_COL
+            # Scales live past the accumulators, from column sf_tmem_col (32-column aligned).
+            acc_cols = cfg.sf_tmem_col
             tCtSFA_layout = blockscaled_utils.make_tmem_layout_sfa(
                 tiled_mma, self.mma_tiler, SF_VEC, cute.slice_(sfa_smem, (None, None, None, 0))
             )
@@ -405,7 +426,7 @@ class GemvTcSm100:
             acc_pipe.producer_tail(acc_state)
 
         if warp_idx < self.epi_warps:
-            tmem.allocate(self._tmem_cols())
+            tmem.allocate(cfg.tmem_columns())
             tcgen05_fence_before_thread_sync()
             tmem.wait_for_alloc()
             tcgen05_fence_after_thread_sync()
@@ -498,13 +519,6 @@ class GemvTcSm100:
                 mC_mnl[row_g, 0, li] = total_acc.to(cutlass.Float16)
             if tidx == 0:
                 mArrival[cutlass.Int32(tile)] = cutlass.Int32(0)
-
-    def _tmem_cols(self) -> int:
-        cols = SF_TMEM_COL + 2 * (TILE_M // 32) * self.num_kblocks
-        n = 32
-        while n < cols:
-            n *= 2
-        return n
 
     @staticmethod
     def _s2t_partition(sSF: cute.Tensor, tSF: cute.Tensor):

@@ -12,7 +12,6 @@ import cutlass.cute as cute
 from cute_kernels import gemv_tc_sm100 as tc
 from cute_kernels import tile_scheduler as ts
 from cute_kernels.compile import compile_kernel
-from cute_kernels.compile import target as compile_target
 from layouts import closed_form, sf_cute
 
 TEST_SHAPES = [
@@ -28,13 +27,38 @@ TILE_K = tc.GemvTcSm100Config().tile_k
 # ---------------------------------------------------------------- compile (one compile for every shape)
 
 
-@pytest.fixture(scope="module")
-def ptx(tmp_path_factory):
-    dump = tmp_path_factory.mktemp("ptx")
-    compiled = compile_kernel(tc.GemvTcSm100, tc.GemvTcSm100Config(), "sm_100a",
-                              options=f"--keep-ptx --dump-dir={dump}")
+# MMA N = 8, the smallest legal N, and N = 128, one CUTLASS validates (it reads b's 128 padded rows, no padding work).
+TC_CONFIGS = {"n8": tc.GemvTcSm100Config(), "n128": tc.GemvTcSm100Config(mma_n=128, stages=6)}
+
+
+@pytest.fixture(scope="module", params=list(TC_CONFIGS))
+def tc_build(request, tmp_path_factory):
+    cfg = TC_CONFIGS[request.param]
+    dump = tmp_path_factory.mktemp(f"ptx-{request.param}")
+    compiled = compile_kernel(tc.GemvTcSm100, cfg, "sm_100a", options=f"--keep-ptx --dump-dir={dump}")
     assert compiled.__ptx__, "compile produced no PTX"
-    return compiled.__ptx__
+    return cfg, compiled.__ptx__
+
+
+@pytest.fixture(scope="module")
+def ptx(tc_build):
+    return tc_build[1]
+
+
+@pytest.fixture(scope="module")
+def cfg(tc_build):
+    return tc_build[0]
+
+
+def test_config_checks_its_resources():
+    assert TC_CONFIGS["n8"].tmem_columns() == 64 and TC_CONFIGS["n8"].sf_tmem_col == 32
+    assert TC_CONFIGS["n128"].tmem_columns() == 512 and TC_CONFIGS["n128"].sf_tmem_col == 256
+    with pytest.raises(ValueError, match="shared-memory ring"):
+        tc.GemvTcSm100Config(mma_n=128, stages=8)
+    with pytest.raises(ValueError, match="TMEM columns"):
+        tc.GemvTcSm100Config(mma_n=256, stages=4)
+    with pytest.raises(ValueError, match="mma_n"):
+        tc.GemvTcSm100Config(mma_n=12)
 
 
 @pytest.mark.slow
@@ -417,7 +441,7 @@ def expected_idesc(m=128, n=8):
 
 
 @pytest.mark.slow
-def test_ptx_instruction_descriptor_is_m128_n8_e2m1_ue4m3(ptx):
+def test_ptx_instruction_descriptor_is_m128_n_e2m1_ue4m3(ptx, cfg):
     constants = set()
     for line in _mma_lines(ptx):
         idesc = _mma_operands(line)[3]
@@ -430,20 +454,20 @@ def test_ptx_instruction_descriptor_is_m128_n8_e2m1_ue4m3(ptx):
             for d in _defs(ptx, reg):
                 for tok in re.findall(r"%r\d+|\b\d+\b", d.split(None, 2)[2]):
                     (frontier.append(tok) if tok.startswith("%") else constants.add(int(tok)))
-    assert expected_idesc(128, tc.GemvTcSm100Config().mma_n) in constants
+    assert expected_idesc(128, cfg.mma_n) in constants
+    assert all(expected_idesc(128, n) not in constants for n in (8, 16, 64, 128, 256) if n != cfg.mma_n)
     assert 0x60000000 in constants and 48 in constants  # the A and B scale-id fields, taken from the TMEM addresses
 
 
 @pytest.mark.slow
-def test_ptx_expect_tx_is_the_sum_of_the_tma_boxes(ptx):
-    cfg = tc.GemvTcSm100Config()
+def test_ptx_expect_tx_is_the_sum_of_the_tma_boxes(ptx, cfg):
     boxes = 128 * cfg.tile_k // 2 + cfg.mma_n * cfg.tile_k // 2 + 2 * 128 * (cfg.tile_k // 16)  # A, b, SFA, SFB
     lines = [ln.strip() for ln in ptx.splitlines()]
     expect = [ln for ln in lines if "mbarrier.arrive.expect_tx" in ln]
     assert len(expect) == 1
     reg = expect[0].rstrip(";").split(",")[-1].strip()
     assert _defs(ptx, reg) == [f"mov.b32 {reg}, {boxes};"]
-    assert boxes == 21504
+    assert boxes == {8: 21504, 128: 36864}[cfg.mma_n]
 
 
 @pytest.mark.slow
@@ -461,14 +485,13 @@ def test_ptx_first_mma_of_each_segment_resets_the_accumulate_flag(ptx):
 
 
 @pytest.mark.slow
-def test_ptx_tmem_columns_lie_in_the_allocation_and_match_the_scale_copies(ptx):
-    cfg = tc.GemvTcSm100Config()
+def test_ptx_tmem_columns_lie_in_the_allocation_and_match_the_scale_copies(ptx, cfg):
     lines = [ln.strip() for ln in ptx.splitlines()]
     alloc = next(ln for ln in lines if ln.startswith("tcgen05.alloc"))
     cols_reg = alloc.rstrip(";").split(",")[-1].strip()
     cols = int(_defs(ptx, cols_reg)[0].rstrip(";").split(",")[-1])
-    assert cols == tc.GemvTcSm100(cfg, compile_target("sm_100a"))._tmem_cols() == 64
-    assert cfg.mma_n * cfg.acc_stages <= tc.SF_TMEM_COL  # accumulators below the scales
+    assert cols == cfg.tmem_columns()
+    assert cfg.mma_n * cfg.acc_stages <= cfg.sf_tmem_col  # accumulators below the scales
     cp_dst = [ln.split("[", 1)[1].split("]", 1)[0] for ln in lines if ln.startswith("tcgen05.cp")]
     mma_sf = [reg for ln in _mma_lines(ptx) for reg in _mma_operands(ln)[4:6]]
     assert sorted(cp_dst) == sorted(mma_sf) and len(set(cp_dst)) == 2 * TILE_K // 64  # what is copied is multiplied
@@ -477,4 +500,4 @@ def test_ptx_tmem_columns_lie_in_the_allocation_and_match_the_scale_copies(ptx):
         (d,) = _defs(ptx, reg)
         base, off = re.match(r"add\.s32\s+%r\d+, (%r\d+), (\d+);", d).groups()
         offsets.append(int(off))
-    assert len(set(offsets)) == len(offsets) and all(tc.SF_TMEM_COL <= o < cols for o in offsets)
+    assert len(set(offsets)) == len(offsets) and all(cfg.sf_tmem_col <= o < cols for o in offsets)
