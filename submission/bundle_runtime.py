@@ -110,7 +110,8 @@ def dispatched_kernels(prefix, gpu_arch):
         out.append((f"gemv_simt {config}", simt.GemvSimt, config))
     if compile_mod.target(gpu_arch).family == "sm_100":
         tc = embedded(prefix, "cute_kernels.gemv_tc_sm100")
-        out.append((f"gemv_tc_sm100 {tc.GemvTcSm100Config()}", tc.GemvTcSm100, tc.GemvTcSm100Config()))
+        for variant, config in dispatch.TC_CONFIGS.items():
+            out.append((f"gemv_tc_sm100 ({variant}) {config}", tc.GemvTcSm100, config))
     return out
 
 
@@ -124,11 +125,12 @@ def compile_for_arch(prefix, gpu_arch, variant="simt", m=7168, k=16384, l=1):  #
     if variant == "simt":
         simt = embedded(prefix, "cute_kernels.gemv_simt")
         kernel_cls, config = simt.GemvSimt, dispatch.simt_config_for(m, k, l)
-    elif variant == "tc" and tgt.family == "sm_100":
+    elif variant in dispatch.TC_CONFIGS and tgt.family == "sm_100":
         tc = embedded(prefix, "cute_kernels.gemv_tc_sm100")
-        kernel_cls, config = tc.GemvTcSm100, tc.GemvTcSm100Config()
+        kernel_cls, config = tc.GemvTcSm100, dispatch.TC_CONFIGS[variant]
     else:
-        raise ValueError(f"no {variant!r} kernel for {gpu_arch}: sm_90a has 'simt', sm_100a has 'simt' and 'tc'")
+        raise ValueError(f"no {variant!r} kernel for {gpu_arch}: sm_90a has 'simt', sm_100a has 'simt', "
+                         f"{', '.join(repr(v) for v in dispatch.TC_CONFIGS)}")
     return compile_mod.compile_kernel(kernel_cls, config, tgt, call=contest.DISPATCH.call)
 
 

@@ -164,3 +164,90 @@ def test_known_signature_calls_the_cached_kernel_and_names_a_refused_operand(mon
     monkeypatch.setattr(dispatch, "validate_inputs", lambda data, require_cuda: (128, 256, 1))
     with pytest.raises(RuntimeError, match="argument check failed"):
         disp(d)
+
+
+# ---------------------------------------------------------------- the first-contact guard on Blackwell (CPU)
+
+
+def _guarded(monkeypatch, behaviours):
+    """A Dispatcher on a pretend compute capability 10.0 whose variants are the given stub launchers."""
+    from nvfp4_gemv import dispatch, validate
+
+    monkeypatch.setattr(dispatch, "validate_inputs", lambda data, require_cuda: validate.validate_inputs(data))
+    monkeypatch.delenv("NVFP4_GEMV_SM100", raising=False)
+    disp = Dispatcher()
+    monkeypatch.setattr(disp, "capability", lambda device: (10, 0))
+    picked = []
+
+    def select(cap, m, k, l, sf_kind="permuted", sm100_variant=None):  # noqa: E741
+        picked.append(sm100_variant)
+        return behaviours[sm100_variant]
+
+    monkeypatch.setattr(disp, "select", select)
+    return disp, picked
+
+
+def _right(a, b, sa, sb, c):
+    """A correct launcher: the reference of the tuple under test (`_last_data`)."""
+    from submission.reference import ref_kernel
+
+    c.copy_(ref_kernel(_last_data[0][:6] + (c.clone(),)))
+
+
+def _wrong(a, b, sa, sb, c):
+    c.zero_()
+
+
+def _broken(a, b, sa, sb, c):
+    raise RuntimeError("illegal instruction")
+
+
+_last_data = []
+
+
+def test_first_contact_keeps_the_first_variant_that_matches_and_says_so_once(monkeypatch, capsys):
+    from submission.reference import generate_full_range
+
+    data = generate_full_range(256, 512, 2, seed=4)
+    _last_data[:] = [data]
+    disp, picked = _guarded(monkeypatch, {"tc": _wrong, "tc128": _broken, "simt": _right})
+    out = disp(data)
+    assert picked == ["tc", "tc128", "simt"] and out is data[-1]
+    from submission.reference import check, ref_kernel
+
+    assert check(out, ref_kernel(data[:6] + (out.clone(),)))[0]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'tc' failed" in err[0] and "'tc128' failed" in err[0] and "using 'simt'" in err[0]
+    disp(data)  # the kept launcher, no second check
+    assert picked == ["tc", "tc128", "simt"] and capsys.readouterr().err == ""
+
+
+def test_first_contact_is_silent_when_the_default_matches(monkeypatch, capsys):
+    from submission.reference import generate_input
+
+    data = generate_input(128, 256, 1, seed=1)
+    _last_data[:] = [data]
+    disp, picked = _guarded(monkeypatch, {"tc": _right, "tc128": _wrong, "simt": _wrong})
+    disp(data)
+    assert picked == ["tc"] and capsys.readouterr().err == ""
+
+
+def test_first_contact_refuses_when_no_variant_matches(monkeypatch):
+    from submission.reference import generate_input
+
+    data = generate_input(128, 256, 1, seed=2)
+    disp, picked = _guarded(monkeypatch, {"tc": _wrong, "tc128": _wrong, "simt": _broken})
+    with pytest.raises(RuntimeError, match="no Blackwell variant matched"):
+        disp(data)
+    assert picked == ["tc", "tc128", "simt"] and not disp.kernels
+
+
+def test_first_contact_starts_from_the_chosen_variant(monkeypatch):
+    from submission.reference import generate_input
+
+    data = generate_input(128, 256, 1, seed=3)
+    _last_data[:] = [data]
+    disp, picked = _guarded(monkeypatch, {"tc": _wrong, "tc128": _wrong, "simt": _right})
+    monkeypatch.setenv("NVFP4_GEMV_SM100", "simt")
+    disp(data)
+    assert picked == ["simt"]
