@@ -125,7 +125,50 @@ def _max_abs_err(out, ref) -> float:
 # ---- check -----------------------------------------------------------------------------------------------------
 
 
+def _cmd_bringup() -> int:
+    import torch
+
+    from nvfp4_gemv import bringup
+    from nvfp4_gemv.dispatch import SM100_VARIANTS
+
+    log = Progress()
+    if not torch.cuda.is_available():
+        print(f"{NO_GPU}: the bring-up probes against the reference alone (a check of the probes).", flush=True)
+        from submission.reference import ref_kernel
+
+        def select(variant, m, k, l):  # noqa: E741
+            return lambda a, b, sa, sb, c: c.copy_(ref_kernel((a, b, *bringup.plain_scales(a, sa, sb), sa, sb, c)))
+
+        variants, device = ("reference",), "cpu"
+    else:
+        from nvfp4_gemv.kernel import DISPATCH
+
+        cap = torch.cuda.get_device_capability()
+        if cap[0] == 10:
+            variants = SM100_VARIANTS
+            def select(variant, m, k, l):  # noqa: E741
+                return DISPATCH.select(cap, m, k, l, sm100_variant=variant)
+        else:
+            print(f"This GPU is compute capability {cap[0]}.{cap[1]}, not Blackwell: the bring-up probes against its "
+                  f"own dispatched kernel (a check of the probes).", flush=True)
+            variants = ("dispatched",)
+
+            def select(variant, m, k, l):  # noqa: E741
+                return DISPATCH.select(cap, m, k, l)
+        device = "cuda"
+    rows = bringup.run_bringup(select, variants, device, log=log)
+    print(format_table(("variant", "probe", "result"), rows))
+    passed = bringup.verdict(rows, variants)
+    print(f"passed every probe: {', '.join(passed) if passed else 'none'}")
+    if device == "cuda" and torch.cuda.get_device_capability()[0] == 10:
+        path = bringup.write_verdict(passed, torch.cuda.get_device_name())
+        print(f"wrote the verdict to {path}; dispatch on this machine now starts from {passed[0] if passed else 'tc'}")
+    return 0 if len(passed) == len(variants) else 1
+
+
 def _cmd_check(args) -> int:
+    if args.bringup:
+        return _cmd_bringup()
     log = Progress()
     shapes = _check_shapes(args.shapes)
     sf_kinds = _sf_kinds(args.sf)
@@ -319,6 +362,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="contest: the 9 test shapes; all: plus the ragged ones (default: contest)")
     c.add_argument("--sf", choices=("permuted", "plain", "both"), default="both",
                    help="scale layout the kernel reads (default: both)")
+    c.add_argument("--bringup", action="store_true",
+                   help="on a Blackwell GPU: run every variant on adversarial probes, print a verdict table and "
+                   "record which variants dispatch may use (elsewhere: check the probes)")
     c.set_defaults(func=_cmd_check)
 
     b = sub.add_parser("bench", help="contest and CUDA-graph timing against the copy-bandwidth floor, with baselines")

@@ -63,6 +63,18 @@ def simt_configs(sf_kind: str = "permuted") -> tuple:
     )
 
 
+def default_sm100_variant() -> str:
+    """The variant tried first on Blackwell: NVFP4_GEMV_SM100 if set; else the first variant a bring-up on this
+    machine passed (`nvfp4-gemv check --bringup`, nvfp4_gemv.bringup); else "tc", the design's target."""
+    chosen = os.environ.get("NVFP4_GEMV_SM100")
+    if chosen:
+        return chosen
+    from nvfp4_gemv.bringup import read_verdict
+
+    passed = read_verdict()
+    return passed[0] if passed else _DEFAULT_SM100
+
+
 def _require(can_implement, m: int, k: int, l: int):  # noqa: E741
     if not can_implement(m, k, l):
         raise ValueError(
@@ -108,7 +120,7 @@ class Dispatcher:
         tgt = target(tuple(capability))
         use_tc = False
         if tgt.family == "sm_100":
-            variant = sm100_variant or os.environ.get("NVFP4_GEMV_SM100", _DEFAULT_SM100)
+            variant = sm100_variant or default_sm100_variant()
             if variant not in SM100_VARIANTS:
                 raise ValueError(f"sm100_variant: expected one of {SM100_VARIANTS}, got {variant!r}")
             # The tensor-core kernel reads the permuted scales only; plain scales take the CUDA-core variant.
@@ -194,7 +206,7 @@ class Dispatcher:
         m, k, l = validate_inputs(data, require_cuda=True)  # noqa: E741
         ref = ref_kernel((a, b, sfa, sfb, sfa_p, sfb_p, torch.empty_like(c)))
         cap = self.capability(a.device)
-        first = os.environ.get("NVFP4_GEMV_SM100", _DEFAULT_SM100)
+        first = default_sm100_variant()
         order = [first] + [v for v in SM100_VARIANTS if v != first]
         failures = []
         for variant in order:

@@ -337,3 +337,56 @@ def test_bad_out_path_from_the_console_has_no_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "nvfp4_gemv.cli", "submission", "--out", str(tmp_path / "afile")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "is a file" in r.stderr and "Traceback" not in r.stderr
+
+
+# ---- the Blackwell bring-up -------------------------------------------------------------------------------------
+
+
+def test_bringup_verdict_keeps_only_variants_that_pass_every_probe(tmp_path, monkeypatch):
+    """Stub variants on the CPU: the reference passes every probe; one that drops b's scales from column 0, one
+    that reads b's row 1 instead of row 0, and one that crashes all fail; the verdict file records the survivors
+    and dispatch then starts from the first of them."""
+    from nvfp4_gemv import bringup, dispatch
+    from submission.reference import ref_kernel
+
+    def right(a, b, sa, sb, c):
+        sfa, sfb = bringup.plain_scales(a, sa, sb)
+        c.copy_(ref_kernel((a, b, sfa, sfb, sa, sb, c.clone())))
+
+    def row1(a, b, sa, sb, c):  # an N = 8 MMA reading the wrong column of its accumulator
+        sfa, sfb = bringup.plain_scales(a, sa, sb)
+        c.copy_(ref_kernel((a, b.roll(-1, 0), sfa, sfb.roll(-1, 0), sa, sb, c.clone())))
+
+    def unscaled_b(a, b, sa, sb, c):
+        sfa, sfb = bringup.plain_scales(a, sa, sb)
+        ones = torch.ones_like(sfb.float()).to(sfb.dtype)
+        c.copy_(ref_kernel((a, b, sfa, ones, sa, sb, c.clone())))
+
+    def crash(a, b, sa, sb, c):
+        raise RuntimeError("illegal instruction")
+
+    stubs = {"tc": row1, "tc128": unscaled_b, "simt": right, "x": crash}
+    rows = bringup.run_bringup(lambda v, m, k, l: stubs[v], tuple(stubs), "cpu", log=lambda s: None)
+    by = {(v, p): r for v, p, r in rows}
+    assert all(by[("simt", p)] == "pass" for _, p, _ in rows)
+    assert by[("tc", "NaN/huge in b rows 1..127")].startswith("FAIL")
+    assert any(r.startswith("FAIL") for (v, _), r in by.items() if v == "tc128")
+    assert all(r.startswith("FAIL: RuntimeError") for (v, _), r in by.items() if v == "x")
+    passed = bringup.verdict(rows, tuple(stubs))
+    assert passed == ["simt"]
+    monkeypatch.setenv(bringup.VERDICT_ENV, str(tmp_path / "verdict.json"))
+    monkeypatch.delenv("NVFP4_GEMV_SM100", raising=False)
+    assert dispatch.default_sm100_variant() == "tc"  # nothing recorded yet: the design's default
+    bringup.write_verdict(passed, "stub B200")
+    assert bringup.read_verdict() == ["simt"] and dispatch.default_sm100_variant() == "simt"
+    monkeypatch.setenv("NVFP4_GEMV_SM100", "tc128")
+    assert dispatch.default_sm100_variant() == "tc128"  # the environment wins
+
+
+@cpu_only
+def test_bringup_command_without_a_gpu_checks_the_probes():
+    rc, out = run_main(["check", "--bringup"])
+    assert rc == 0 and "No CUDA GPU" in out.splitlines()[0]
+    rows = table_rows(out, "variant")
+    assert len(rows) == 15 and all(r[-1] == "pass" for r in rows)
+    assert "passed every probe: reference" in out
