@@ -151,6 +151,7 @@ def test_fp64_gemv_reads_the_permuted_buffer():
 @pytest.fixture(scope="module")
 def compiled_sm90(tmp_path_factory):
     out = tmp_path_factory.mktemp("sm90a")
+    (out / "notes.txt").write_text("a file that was there before")
     rc, text = run_main(["compile", "--arch", "sm_90a", "--out", str(out)])
     return rc, text, out
 
@@ -170,6 +171,8 @@ def test_compile_sm90a_writes_ptx_cubin_and_summary(compiled_sm90):
         assert ".target sm_90a" in ptx
         assert (out / f"gemv_simt_sm_90a_{sf}.cubin").read_bytes()[:4] == b"\x7fELF"
     assert (out / "summary.txt").read_text() in text
+    wrote = next(ln for ln in text.splitlines() if ln.startswith("wrote "))
+    assert "notes.txt" not in wrote and "gemv_simt_sm_90a_plain.ptx" in wrote  # only what this command wrote
 
 
 def test_compile_sm90a_instruction_counts(compiled_sm90):
