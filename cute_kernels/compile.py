@@ -271,6 +271,16 @@ def launch(kernel_call, shape: dict, stream=None):
         kernel_call.launch(**shape, stream=stream)
 
 
+class GemvLaunch:
+    """The launch method of a GEMV kernel class whose `build(mA, mB, mSFA, mSFB, mC)` returns (kernel call, launch
+    keywords): one `__call__` on the five contest operands, launching on `stream` (None: the default stream)."""
+
+    @cute.jit
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSFA: cute.Tensor, mSFB: cute.Tensor, mC: cute.Tensor,
+                 stream=None):
+        launch(*self.build(mA, mB, mSFA, mSFB, mC), stream=stream)
+
+
 def _torch_stream():
     """A fake stream argument that TVM-FFI binds to torch's current CUDA stream at every call."""
     from cutlass.cute.runtime import make_fake_stream

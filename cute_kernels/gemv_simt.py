@@ -30,7 +30,7 @@ import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32, Uint8, Uint32, const_expr
 
 from cute_kernels import decode
-from cute_kernels.compile import SmemAllocator, gemv_fake_tensors, launch, load_atom
+from cute_kernels.compile import GemvLaunch, SmemAllocator, gemv_fake_tensors, load_atom
 from layouts.constants import SF_KINDS
 from layouts.sf_cute import sf_layout_by_col
 
@@ -71,7 +71,7 @@ class GemvSimtConfig:
         return 128 // self.rows_per_cta
 
 
-class GemvSimt:
+class GemvSimt(GemvLaunch):
     def __init__(self, config: GemvSimtConfig, target):
         self.cfg = config
         self.arch = target.family  # the decode path: "sm_90" (prmt + dp4a) or "sm_100" (cvt e2m1x2 + fma f16x2)
@@ -88,12 +88,6 @@ class GemvSimt:
     @staticmethod
     def fake_operands(config: GemvSimtConfig):
         return gemv_fake_tensors(config.sf_kind)
-
-    @cute.jit
-    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSFA: cute.Tensor, mSFB: cute.Tensor, mC: cute.Tensor,
-                 stream=None):
-        """Launch on `stream` (None: the default stream)."""
-        launch(*self.build(mA, mB, mSFA, mSFB, mC), stream=stream)
 
     @cute.jit
     def build(self, mA, mB, mSFA, mSFB, mC):

@@ -36,7 +36,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from cute_kernels import decode
 from cute_kernels.ptx import inline_ptx
 from cute_kernels.l2_policy import evict_first_policy
-from cute_kernels.compile import SmemAllocator, gemv_fake_tensors, launch
+from cute_kernels.compile import GemvLaunch, SmemAllocator, gemv_fake_tensors
 from layouts.constants import ATOM_K
 from layouts.sf_cute import sf_unit_slices
 
@@ -93,7 +93,7 @@ class GemvTmaConfig:
         return CHUNK_K * self.pieces
 
 
-class GemvTma:
+class GemvTma(GemvLaunch):
     def __init__(self, config: GemvTmaConfig, target):
         self.cfg = config
         self.arch = target.family  # decode path, as in gemv_simt
@@ -107,12 +107,6 @@ class GemvTma:
     @staticmethod
     def fake_operands(config: GemvTmaConfig):
         return gemv_fake_tensors("permuted")
-
-    @cute.jit
-    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSFA: cute.Tensor, mSFB: cute.Tensor, mC: cute.Tensor,
-                 stream=None):
-        """Launch on `stream` (None: the default stream)."""
-        launch(*self.build(mA, mB, mSFA, mSFB, mC), stream=stream)
 
     @cute.jit
     def build(self, mA, mB, mSFA, mSFB, mC):
