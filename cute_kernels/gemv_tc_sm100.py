@@ -179,6 +179,48 @@ class GemvTcSm100:
     def build(self, mA, mB, mSFA, mSFB, mC, mPartial, mArrival, num_ctas):
         """Trace-time TMA atoms, shared storage and grid shared by every launch path: (kernel call, keywords)."""
         stages = self.config.stages
+        (tiled_mma, tiled_mma_sfb, a_smem, b_smem, sfa_smem, sfb_smem, tma_atom_a, tma_a, tma_atom_b, tma_b,
+         tma_atom_sfa, tma_sfa, tma_atom_sfb, tma_sfb) = self.data_path(mA, mB, mSFA, mSFB)
+        a_smem_1 = cute.slice_(a_smem, (None, None, None, 0))
+        b_smem_1 = cute.slice_(b_smem, (None, None, None, 0))
+        sfa_smem_1 = cute.slice_(sfa_smem, (None, None, None, 0))
+        sfb_smem_1 = cute.slice_(sfb_smem, (None, None, None, 0))
+        self.tx_bytes = (
+            cute.size_in_bytes(cutlass.Float4E2M1FN, a_smem_1)
+            + cute.size_in_bytes(cutlass.Float4E2M1FN, b_smem_1)
+            + cute.size_in_bytes(cutlass.Float8E4M3FN, sfa_smem_1)
+            + cute.size_in_bytes(cutlass.Float8E4M3FN, sfb_smem_1)
+        )
+
+        @cute.struct
+        class SharedStorage:
+            ab_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
+            acc_mbar: cute.struct.MemRange[cutlass.Int64, self.config.acc_stages * 2]
+            tmem_base: cutlass.Int32
+            arrival: cutlass.Int32
+            sA: cute.struct.Align[cute.struct.MemRange[cutlass.Float4E2M1FN, cute.cosize(a_smem.outer)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[cutlass.Float4E2M1FN, cute.cosize(b_smem.outer)], 1024]
+            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, cute.cosize(sfa_smem)], 128]
+            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, cute.cosize(sfb_smem)], 128]
+
+        self.shared_storage = SharedStorage
+
+        launcher = self.kernel(
+            tiled_mma, tiled_mma_sfb,
+            tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_sfa, tma_sfa, tma_atom_sfb, tma_sfb,
+            mC, mPartial, mArrival,
+            a_smem, b_smem, sfa_smem, sfb_smem,
+            num_ctas,
+        )
+        shape = dict(grid=(num_ctas, 1, 1), block=(self.threads, 1, 1), cluster=(1, 1, 1),
+                     smem=SharedStorage.size_in_bytes())
+        return launcher, shape
+
+    @cute.jit
+    def data_path(self, mA, mB, mSFA, mSFB):
+        """The data path's trace-time objects, shared by `build` and the host emulator (cute_kernels.tc_emulator):
+        the tiled MMAs, the shared-memory layouts (all stages) and the four TMA atoms with their global views."""
+        stages = self.config.stages
         tiled_mma, tiled_mma_sfb = self._make_tiled_mmas()
         cluster_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
 
@@ -210,36 +252,8 @@ class GemvTcSm100:
             g2s, sfb_nkl, sfb_smem_1, self.mma_tiler_sfb, tiled_mma_sfb, cluster_vmnk.shape,
             internal_type=cutlass.Int16,
         )
-        self.tx_bytes = (
-            cute.size_in_bytes(cutlass.Float4E2M1FN, a_smem_1)
-            + cute.size_in_bytes(cutlass.Float4E2M1FN, b_smem_1)
-            + cute.size_in_bytes(cutlass.Float8E4M3FN, sfa_smem_1)
-            + cute.size_in_bytes(cutlass.Float8E4M3FN, sfb_smem_1)
-        )
-
-        @cute.struct
-        class SharedStorage:
-            ab_mbar: cute.struct.MemRange[cutlass.Int64, stages * 2]
-            acc_mbar: cute.struct.MemRange[cutlass.Int64, self.config.acc_stages * 2]
-            tmem_base: cutlass.Int32
-            arrival: cutlass.Int32
-            sA: cute.struct.Align[cute.struct.MemRange[cutlass.Float4E2M1FN, cute.cosize(a_smem.outer)], 1024]
-            sB: cute.struct.Align[cute.struct.MemRange[cutlass.Float4E2M1FN, cute.cosize(b_smem.outer)], 1024]
-            sSFA: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, cute.cosize(sfa_smem)], 128]
-            sSFB: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, cute.cosize(sfb_smem)], 128]
-
-        self.shared_storage = SharedStorage
-
-        launcher = self.kernel(
-            tiled_mma, tiled_mma_sfb,
-            tma_atom_a, tma_a, tma_atom_b, tma_b, tma_atom_sfa, tma_sfa, tma_atom_sfb, tma_sfb,
-            mC, mPartial, mArrival,
-            a_smem, b_smem, sfa_smem, sfb_smem,
-            num_ctas,
-        )
-        shape = dict(grid=(num_ctas, 1, 1), block=(self.threads, 1, 1), cluster=(1, 1, 1),
-                     smem=SharedStorage.size_in_bytes())
-        return launcher, shape
+        return (tiled_mma, tiled_mma_sfb, a_smem, b_smem, sfa_smem, sfb_smem, tma_atom_a, tma_a, tma_atom_b, tma_b,
+                tma_atom_sfa, tma_sfa, tma_atom_sfb, tma_sfb)
 
     @cute.kernel
     def kernel(
@@ -302,36 +316,10 @@ class GemvTcSm100:
         sSFA = storage.sSFA.get_tensor(sfa_smem)
         sSFB = storage.sSFB.get_tensor(sfb_smem)
 
-        # (bM, bK, RestM, RestK, RestL) and friends
-        gA = cute.local_tile(mA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
-        gB = cute.local_tile(mB_nkl, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
-        gSFA = cute.local_tile(mSFA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
-        gSFB = cute.local_tile(mSFB_nkl, cute.slice_(self.mma_tiler_sfb, (0, None, None)), (None, None, None))
-        thr_mma = tiled_mma.get_slice(0)
-        thr_mma_sfb = tiled_mma_sfb.get_slice(0)
-        tCgA = thr_mma.partition_A(gA)
-        tCgB = thr_mma.partition_B(gB)
-        tCgSFA = thr_mma.partition_A(gSFA)
-        tCgSFB = thr_mma_sfb.partition_B(gSFB)
-
-        one_cta = cute.make_layout(1)
-        # ((atom_v, rest_v), STAGE) / ((atom_v, rest_v), RestMN, RestK, RestL)
-        tAsA, tAgA = cpasync.tma_partition(
-            tma_atom_a, 0, one_cta, cute.group_modes(sA, 0, 3), cute.group_modes(tCgA, 0, 3)
+        (tAsA, tAgA), (tBsB, tBgB), (tAsSFA, tAgSFA), (tBsSFB, tBgSFB) = self.tma_partitions(
+            tiled_mma, tiled_mma_sfb, tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa, mSFA_mkl,
+            tma_atom_sfb, mSFB_nkl, sA, sB, sSFA, sSFB,
         )
-        tBsB, tBgB = cpasync.tma_partition(
-            tma_atom_b, 0, one_cta, cute.group_modes(sB, 0, 3), cute.group_modes(tCgB, 0, 3)
-        )
-        tAsSFA, tAgSFA = cpasync.tma_partition(
-            tma_atom_sfa, 0, one_cta, cute.group_modes(sSFA, 0, 3), cute.group_modes(tCgSFA, 0, 3)
-        )
-        tBsSFB, tBgSFB = cpasync.tma_partition(
-            tma_atom_sfb, 0, one_cta, cute.group_modes(sSFB, 0, 3), cute.group_modes(tCgSFB, 0, 3)
-        )
-        tAsSFA = cute.filter_zeros(tAsSFA)
-        tAgSFA = cute.filter_zeros(tAgSFA)
-        tBsSFB = cute.filter_zeros(tBsSFB)
-        tBgSFB = cute.filter_zeros(tBgSFB)
 
         tCrA = tiled_mma.make_fragment_A(sA)  # (MMA, MMA_M, MMA_K, STAGE)
         tCrB = tiled_mma.make_fragment_B(sB)  # (MMA, MMA_N, MMA_K, STAGE)
@@ -486,6 +474,36 @@ class GemvTcSm100:
             epi_barrier.arrive_and_wait()
             tcgen05_fence_after_thread_sync()
             tmem.free(acc_ptr)
+
+    @cute.jit
+    def tma_partitions(self, tiled_mma, tiled_mma_sfb, tma_atom_a, mA_mkl, tma_atom_b, mB_nkl, tma_atom_sfa,
+                       mSFA_mkl, tma_atom_sfb, mSFB_nkl, sA, sB, sSFA, sSFB):
+        """(shared, global) TMA partitions of A, b, SFA and SFB: ((atom_v, rest_v), STAGE) and ((atom_v, rest_v),
+        RestMN, RestK, RestL), the CTA tiles cut by the MMA tiler. Shared by the kernel and the host emulator."""
+        gA = cute.local_tile(mA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
+        gB = cute.local_tile(mB_nkl, cute.slice_(self.mma_tiler, (0, None, None)), (None, None, None))
+        gSFA = cute.local_tile(mSFA_mkl, cute.slice_(self.mma_tiler, (None, 0, None)), (None, None, None))
+        gSFB = cute.local_tile(mSFB_nkl, cute.slice_(self.mma_tiler_sfb, (0, None, None)), (None, None, None))
+        thr_mma = tiled_mma.get_slice(0)
+        thr_mma_sfb = tiled_mma_sfb.get_slice(0)
+        one_cta = cute.make_layout(1)
+        a = cpasync.tma_partition(
+            tma_atom_a, 0, one_cta, cute.group_modes(sA, 0, 3), cute.group_modes(thr_mma.partition_A(gA), 0, 3)
+        )
+        b = cpasync.tma_partition(
+            tma_atom_b, 0, one_cta, cute.group_modes(sB, 0, 3), cute.group_modes(thr_mma.partition_B(gB), 0, 3)
+        )
+        tAsSFA, tAgSFA = cpasync.tma_partition(
+            tma_atom_sfa, 0, one_cta, cute.group_modes(sSFA, 0, 3),
+            cute.group_modes(thr_mma.partition_A(gSFA), 0, 3),
+        )
+        tBsSFB, tBgSFB = cpasync.tma_partition(
+            tma_atom_sfb, 0, one_cta, cute.group_modes(sSFB, 0, 3),
+            cute.group_modes(thr_mma_sfb.partition_B(gSFB), 0, 3),
+        )
+        sfa = (cute.filter_zeros(tAsSFA), cute.filter_zeros(tAgSFA))
+        sfb = (cute.filter_zeros(tBsSFB), cute.filter_zeros(tBgSFB))
+        return a, b, sfa, sfb
 
     @cute.jit
     def store_split_tile(self, acc, row, row_g, li, m, tile, g, G, first, last, k_tiles, total, tidx,
