@@ -29,12 +29,26 @@ class Workspace:
         return self.partial, self.arrival
 
 
+_SM_COUNTS: dict = {}
+
+
+def sm_count(device_index: int) -> int:
+    """The SM count of CUDA device `device_index` (asked once per device)."""
+    count = _SM_COUNTS.get(device_index)
+    if count is None:
+        import torch
+
+        count = _SM_COUNTS[device_index] = torch.cuda.get_device_properties(device_index).multi_processor_count
+    return count
+
+
 class TcLauncher:
     """`(a, b, sfa_permuted, sfb_permuted, c) -> None` for a compiled GemvTcSm100: picks num_ctas for the shape
     and the device's SM count, supplies the workspace, and makes one launch.
 
     `fn` is the compiled function, TVM-FFI (torch tensors) or the pointer path (`pointers=True`: the operands'
-    addresses and M, K, L; the caller has validated the operands). `workspace_key()` names what the workspace is kept per besides the device (the CUDA stream of the launch)."""
+    addresses and M, K, L; the caller has validated the operands). `workspace_key()` names what the workspace is
+    kept per besides the device (the CUDA stream of the launch)."""
 
     def __init__(self, fn, config, pointers: bool = False, workspace_key=lambda: None):
         self.fn = fn
@@ -42,7 +56,6 @@ class TcLauncher:
         self.pointers = pointers
         self.workspace_key = workspace_key
         self.workspaces: dict = {}
-        self.sms: dict = {}
 
     def __call__(self, a, b, sfa_permuted, sfb_permuted, c):
         import torch
@@ -52,10 +65,7 @@ class TcLauncher:
         if not GemvTcSm100.can_implement(m, k, l):
             raise ValueError(f"gemv_tc_sm100: unsupported shape (M, K, L) = ({m}, {k}, {l}); K must be a multiple of 64")
         dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
-        sms = self.sms.get(dev)
-        if sms is None:
-            sms = self.sms[dev] = torch.cuda.get_device_properties(dev).multi_processor_count
-        num_ctas = ts.choose_num_ctas(m, k, l, sms, self.config.tile_k)
+        num_ctas = ts.choose_num_ctas(m, k, l, sm_count(dev), self.config.tile_k)
         workspace = self.workspaces.setdefault((dev, self.workspace_key()), Workspace())
         partial, arrival = workspace.get(a.device, num_ctas, ts.num_output_tiles(m, l))
         if self.pointers:

@@ -70,6 +70,25 @@ def probes(device):
                                                                                       device=device))
 
 
+def error_line(e: Exception) -> str:
+    """An exception as one line: its type and the first line of its message."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def launch_and_check(launch, operands, check) -> tuple[bool, str]:
+    """Fill c (the last operand) with NaN, launch, wait, and return `check(c)` as (ok, message); a launch that
+    raises is a failure with its error as the message. The bring-up probes and dispatch's first-contact guard use it."""
+    c = operands[-1]
+    try:
+        c.fill_(float("nan"))
+        launch(*operands)
+        if c.is_cuda:
+            torch.cuda.synchronize(c.device)
+        return check(c)
+    except Exception as e:  # a variant that fails to launch or run is a failed variant
+        return False, error_line(e)
+
+
 def plain_scales(a, sfa_permuted, sfb_permuted):
     """(sfa, sfb) in the plain layout, from the permuted buffers (for a reference that reads plain scales)."""
     from layouts.convert import permuted_to_plain
@@ -92,15 +111,12 @@ def run_bringup(select, variants, device, log=print):
         m, kb, l = a.shape  # noqa: E741
         for variant in variants:
             try:
-                c.fill_(float("nan"))
-                select(variant, m, 2 * kb, l)(a, b, sfa_p, sfb_p, c)
-                if c.is_cuda:
-                    torch.cuda.synchronize(c.device)
-                ok, msg = check_fp32_bound(c, data)
-                result = "pass" if ok else f"FAIL: {msg}"
-            except Exception as e:  # a variant that fails to compile or launch fails the probe
-                result = f"FAIL: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            rows.append((variant, name, result))
+                launch = select(variant, m, 2 * kb, l)
+            except Exception as e:  # a variant that fails to compile fails the probe
+                ok, msg = False, error_line(e)
+            else:
+                ok, msg = launch_and_check(launch, (a, b, sfa_p, sfb_p, c), lambda out: check_fp32_bound(out, data))
+            rows.append((variant, name, "pass" if ok else f"FAIL: {msg}"))
         log(f"probe {name}: done")
     return rows
 

@@ -393,13 +393,14 @@ def test_workspace_is_kept_per_device_and_stream(monkeypatch):
     workspace_key()), which the library binds to torch's current stream. A stub stands in for the compiled kernel."""
     import torch
 
+    from cute_kernels import tc_workspace
     from cute_kernels.tc_workspace import TcLauncher
     from submission.reference import generate_input
 
     calls = []
     stream = ["s1"]
     launcher = TcLauncher(lambda *args: calls.append(args), tc.GemvTcSm100Config(), workspace_key=lambda: stream[0])
-    launcher.sms[0] = 148
+    monkeypatch.setitem(tc_workspace._SM_COUNTS, 0, 148)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     a, b, _, _, sfa_p, sfb_p, c = generate_input(256, 4096, 2, seed=0)
     launcher(a, b, sfa_p, sfb_p, c)
