@@ -13,7 +13,6 @@ ends the file with `install(...)` and the entry point. It is importable and test
 
 import importlib
 import importlib.abc
-import importlib.metadata
 import importlib.util
 import sys
 import time
@@ -90,14 +89,6 @@ def embedded(prefix, name):
     return importlib.import_module(f"{prefix}.{name}")
 
 
-def dsl_version():
-    """The installed nvidia-cutlass-dsl release, from the package metadata."""
-    try:
-        return importlib.metadata.version("nvidia-cutlass-dsl")
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def dispatched_kernels(prefix, gpu_arch):
     """(name, kernel class, config) of every kernel the contest entry can dispatch on `gpu_arch`."""
     compile_mod = embedded(prefix, "cute_kernels.compile")
@@ -139,7 +130,7 @@ def selftest_compile(prefix, gpu_arch, out=print):
     compiled, else 1."""
     compile_mod = embedded(prefix, "cute_kernels.compile")
     call = embedded(prefix, "submission.contest").DISPATCH.call
-    out(f"nvidia-cutlass-dsl {dsl_version()}, target {gpu_arch}, call path {call}")
+    out(f"nvidia-cutlass-dsl {compile_mod.dsl_version()}, target {gpu_arch}, call path {call}")
     failed = 0
     for name, kernel_cls, config in dispatched_kernels(prefix, gpu_arch):
         t0 = time.perf_counter()
