@@ -220,7 +220,6 @@ class GemvTcSm100:
     def data_path(self, mA, mB, mSFA, mSFB):
         """The data path's trace-time objects, shared by `build` and the host emulator (cute_kernels.tc_emulator):
         the tiled MMAs, the shared-memory layouts (all stages) and the four TMA atoms with their global views."""
-        stages = self.config.stages
         tiled_mma, tiled_mma_sfb = self._make_tiled_mmas()
         cluster_vmnk = cute.tiled_divide(cute.make_layout((1, 1, 1)), (tiled_mma.thr_id.shape,))
 
@@ -228,10 +227,7 @@ class GemvTcSm100:
         sfa_mkl = cute.make_tensor(mSFA.iterator, sf_cute.sf_layout_permuted_mkl(*mA.shape))
         sfb_nkl = cute.make_tensor(mSFB.iterator, self.sfb_layout(mB.shape))
 
-        a_smem = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, cutlass.Float4E2M1FN, stages)
-        b_smem = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, cutlass.Float4E2M1FN, stages)
-        sfa_smem = blockscaled_utils.make_smem_layout_sfa(tiled_mma, self.mma_tiler, SF_VEC, stages)
-        sfb_smem = blockscaled_utils.make_smem_layout_sfb(tiled_mma, self.mma_tiler, SF_VEC, stages)
+        a_smem, b_smem, sfa_smem, sfb_smem = self.smem_layouts(tiled_mma)
         a_smem_1 = cute.slice_(a_smem, (None, None, None, 0))
         b_smem_1 = cute.slice_(b_smem, (None, None, None, 0))
         sfa_smem_1 = cute.slice_(sfa_smem, (None, None, None, 0))
@@ -254,6 +250,57 @@ class GemvTcSm100:
         )
         return (tiled_mma, tiled_mma_sfb, a_smem, b_smem, sfa_smem, sfb_smem, tma_atom_a, tma_a, tma_atom_b, tma_b,
                 tma_atom_sfa, tma_sfa, tma_atom_sfb, tma_sfb)
+
+    def smem_layouts(self, tiled_mma):
+        """The shared-memory layouts of A, b, SFA and SFB, all `stages` stages."""
+        stages = self.config.stages
+        a_smem = sm100_utils.make_smem_layout_a(tiled_mma, self.mma_tiler, cutlass.Float4E2M1FN, stages)
+        b_smem = sm100_utils.make_smem_layout_b(tiled_mma, self.mma_tiler, cutlass.Float4E2M1FN, stages)
+        sfa_smem = blockscaled_utils.make_smem_layout_sfa(tiled_mma, self.mma_tiler, SF_VEC, stages)
+        sfb_smem = blockscaled_utils.make_smem_layout_sfb(tiled_mma, self.mma_tiler, SF_VEC, stages)
+        return a_smem, b_smem, sfa_smem, sfb_smem
+
+    def accumulator_layout(self, tiled_mma):
+        """The TMEM accumulators' layout, (MMA, MMA_M, MMA_N, ACC_STAGE), relative to the allocation's base."""
+        acc_shape = tiled_mma.partition_shape_C(self.mma_tiler[:2])
+        return tiled_mma.make_fragment_C(cute.append(acc_shape, self.config.acc_stages)).layout
+
+    def tmem_scales(self, tiled_mma, acc_ptr, sfa_smem, sfb_smem):
+        """The scales' TMEM tensors (MMA, MMA_MN, MMA_K), SFA from column `sf_tmem_col` of the allocation at
+        `acc_ptr`, SFB right after it; the MMAs of K block kb read [(None, None, kb)]."""
+        # Scales live past the accumulators, from column sf_tmem_col (32-column aligned).
+        acc_cols = self.config.sf_tmem_col
+        tCtSFA_layout = blockscaled_utils.make_tmem_layout_sfa(
+            tiled_mma, self.mma_tiler, SF_VEC, cute.slice_(sfa_smem, (None, None, None, 0))
+        )
+        tCtSFA = cute.make_tensor(cute.recast_ptr(acc_ptr + acc_cols, dtype=cutlass.Float8E4M3FN), tCtSFA_layout)
+        sfa_cols = tcgen05.find_tmem_tensor_col_offset(tCtSFA)
+        tCtSFB_layout = blockscaled_utils.make_tmem_layout_sfb(
+            tiled_mma, self.mma_tiler, SF_VEC, cute.slice_(sfb_smem, (None, None, None, 0))
+        )
+        tCtSFB = cute.make_tensor(
+            cute.recast_ptr(acc_ptr + acc_cols + sfa_cols, dtype=cutlass.Float8E4M3FN), tCtSFB_layout
+        )
+        return tCtSFA, tCtSFB
+
+    def epilogue_copy(self, tAcc, tidx):
+        """tcgen05.ld (32x32b: one TMEM lane, all N columns, a thread) of the (128, N, STAGE) accumulators `tAcc`:
+        (tiled copy, thread tidx's source (T2R, T2R_M, T2R_N, STAGE), its registers' (row, column) coordinates)."""
+        t2r = tcgen05.make_tmem_copy(
+            cute.make_copy_atom(
+                tcgen05.Ld32x32bOp(tcgen05.Repetition(self.config.mma_n), tcgen05.Pack.NONE), cutlass.Float32
+            ),
+            tAcc[(None, None, 0)],
+        )
+        thr_t2r = t2r.get_slice(tidx)
+        return t2r, thr_t2r.partition_S(tAcc), thr_t2r.partition_D(cute.make_identity_tensor(self.mma_tiler[:2]))
+
+    @staticmethod
+    def column0(tTR_cAcc):
+        """(register index, tile row) of the thread's one column-0 value, chosen by coordinate at trace time."""
+        col0 = [i for i in range(cute.size(tTR_cAcc)) if tTR_cAcc[i][1] == 0]
+        assert len(col0) == 1, "each thread must hold exactly one column-0 element"
+        return col0[0], tTR_cAcc[col0[0]][0]
 
     @cute.kernel
     def kernel(
@@ -323,8 +370,7 @@ class GemvTcSm100:
 
         tCrA = tiled_mma.make_fragment_A(sA)  # (MMA, MMA_M, MMA_K, STAGE)
         tCrB = tiled_mma.make_fragment_B(sB)  # (MMA, MMA_N, MMA_K, STAGE)
-        acc_shape = tiled_mma.partition_shape_C(self.mma_tiler[:2])
-        tCtAcc_fake = tiled_mma.make_fragment_C(cute.append(acc_shape, cfg.acc_stages))
+        acc_layout = self.accumulator_layout(tiled_mma)
 
         # Schedule, in Int64 so cta * total_work cannot overflow.
         m = mC_mnl.shape[0]
@@ -365,20 +411,8 @@ class GemvTcSm100:
             tmem.wait_for_alloc()
             tcgen05_fence_after_thread_sync()  # the allocation, ordered after the barrier that announced it
             acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
-            tCtAcc_base = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
-            # Scales live past the accumulators, from column sf_tmem_col (32-column aligned).
-            acc_cols = cfg.sf_tmem_col
-            tCtSFA_layout = blockscaled_utils.make_tmem_layout_sfa(
-                tiled_mma, self.mma_tiler, SF_VEC, cute.slice_(sfa_smem, (None, None, None, 0))
-            )
-            tCtSFA = cute.make_tensor(cute.recast_ptr(acc_ptr + acc_cols, dtype=cutlass.Float8E4M3FN), tCtSFA_layout)
-            sfa_cols = tcgen05.find_tmem_tensor_col_offset(tCtSFA)
-            tCtSFB_layout = blockscaled_utils.make_tmem_layout_sfb(
-                tiled_mma, self.mma_tiler, SF_VEC, cute.slice_(sfb_smem, (None, None, None, 0))
-            )
-            tCtSFB = cute.make_tensor(
-                cute.recast_ptr(acc_ptr + acc_cols + sfa_cols, dtype=cutlass.Float8E4M3FN), tCtSFB_layout
-            )
+            tCtAcc_base = cute.make_tensor(acc_ptr, acc_layout)
+            tCtSFA, tCtSFB = self.tmem_scales(tiled_mma, acc_ptr, sfa_smem, sfb_smem)
             s2t_sfa, tCsSFA_s2t, tCtSFA_s2t = self._s2t_partition(sSFA, tCtSFA)
             s2t_sfb, tCsSFB_s2t, tCtSFB_s2t = self._s2t_partition(sSFB, tCtSFB)
 
@@ -419,18 +453,10 @@ class GemvTcSm100:
             tmem.wait_for_alloc()
             tcgen05_fence_after_thread_sync()
             acc_ptr = tmem.retrieve_ptr(cutlass.Float32)
-            tCtAcc_base = cute.make_tensor(acc_ptr, tCtAcc_fake.layout)
+            tCtAcc_base = cute.make_tensor(acc_ptr, acc_layout)
             # (128, N, STAGE) accumulator view; one TMEM lane (= output row) per thread
             tAcc = tCtAcc_base[((None, None), 0, 0, None)]
-            t2r = tcgen05.make_tmem_copy(
-                cute.make_copy_atom(
-                    tcgen05.Ld32x32bOp(tcgen05.Repetition(cfg.mma_n), tcgen05.Pack.NONE), cutlass.Float32
-                ),
-                tAcc[(None, None, 0)],
-            )
-            thr_t2r = t2r.get_slice(tidx)
-            tTR_tAcc = thr_t2r.partition_S(tAcc)  # (T2R, T2R_M, T2R_N, STAGE)
-            tTR_cAcc = thr_t2r.partition_D(cute.make_identity_tensor(self.mma_tiler[:2]))
+            t2r, tTR_tAcc, tTR_cAcc = self.epilogue_copy(tAcc, tidx)  # tTR_tAcc: (T2R, T2R_M, T2R_N, STAGE)
             tTR_rAcc = cute.make_rmem_tensor(tTR_cAcc.shape, cutlass.Float32)
             sArrival = cute.make_tensor(member_ptr(storage.arrival), cute.make_layout(1))
 
@@ -450,10 +476,8 @@ class GemvTcSm100:
                 # Column 0 of the accumulator is the GEMV; pick it by coordinate, not by position.
                 # The 32x32b copy gives each thread one row and all N columns; the column of each
                 # register is static, so the choice is made at trace time.
-                col0 = [i for i in range(cute.size(tTR_rAcc)) if tTR_cAcc[i][1] == 0]
-                assert len(col0) == 1, "each thread must hold exactly one column-0 element"
-                acc = tTR_rAcc[col0[0]]
-                row = tTR_cAcc[col0[0]][0]
+                reg, row = self.column0(tTR_cAcc)
+                acc = tTR_rAcc[reg]
                 row_g = cutlass.Int32(m_tile) * TILE_M + row
                 li = cutlass.Int32(l_idx)
 
