@@ -1,0 +1,32 @@
+"""The fp4 W4A16 decode linear: y = x · dequant(W)ᵀ (+ bias), x bf16/fp16, W NVFP4 or MXFP4 as checkpoints store it.
+
+    from nvfp4_gemv.linear import FP4Linear, fp4_linear, load_modelopt_nvfp4
+
+    y = fp4_linear(x, weight, weight_scale, "nvfp4", global_scale, bias)   # eager, torch.compile, CUDA graphs
+    layer = FP4Linear.from_linear(nn_linear, "mxfp4")                      # a drop-in for nn.Linear
+
+Modules: `formats` (the two formats as data), `validate` (metadata checks), `reference` (fp32 dequantize and
+linear), `op` (the torch op and the eager path), `module` (FP4Linear), `quantize`, `loaders` (ModelOpt,
+compressed-tensors, gpt-oss). The CUDA kernels load on the first CUDA call; importing this package imports no
+CuTe DSL.
+"""
+
+from nvfp4_gemv.linear.loaders import load_compressed_tensors_nvfp4, load_gpt_oss_experts, load_modelopt_nvfp4
+from nvfp4_gemv.linear.module import FP4Linear
+from nvfp4_gemv.linear.op import fp4_linear
+from nvfp4_gemv.linear.quantize import quantize_mxfp4, quantize_nvfp4
+from nvfp4_gemv.linear.reference import dequantize, linear_reference
+from nvfp4_gemv.linear.validate import validate_linear
+
+__all__ = [
+    "FP4Linear",
+    "dequantize",
+    "fp4_linear",
+    "linear_reference",
+    "load_compressed_tensors_nvfp4",
+    "load_gpt_oss_experts",
+    "load_modelopt_nvfp4",
+    "quantize_mxfp4",
+    "quantize_nvfp4",
+    "validate_linear",
+]

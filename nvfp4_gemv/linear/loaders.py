@@ -1,0 +1,91 @@
+"""Build FP4Linear modules from checkpoint state dicts (name -> tensor, e.g. `safetensors.torch.load_file`).
+
+Three layouts (../DECODE.md has them in full): ModelOpt NVFP4 (`weight`, `weight_scale`, `weight_scale_2`), the
+compressed-tensors NVFP4 (`weight_packed`, `weight_scale`, `weight_global_scale` stored as the reciprocal) and the
+gpt-oss MXFP4 experts (`*_blocks` [E, rows, K/32, 16], `*_scales` [E, rows, K/32]). The weight and scale tensors
+of the state dict become the modules' buffers as they are (views, never copies), so they must already sit where
+the modules will run. Tensor scales are checked for NaN and infinity here, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from nvfp4_gemv.linear.module import FP4Linear
+
+__all__ = ["load_compressed_tensors_nvfp4", "load_gpt_oss_experts", "load_modelopt_nvfp4"]
+
+
+def _get(state_dict: Mapping, name: str) -> torch.Tensor:
+    if name not in state_dict:
+        raise ValueError(f"{name}: not in the state dict")
+    return state_dict[name]
+
+
+def _prefixed(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def load_modelopt_nvfp4(state_dict: Mapping, prefix: str, dtype: torch.dtype = torch.bfloat16) -> FP4Linear:
+    """FP4Linear from a ModelOpt NVFP4 layer: `{prefix}.weight` uint8 [N, K/2], `.weight_scale` e4m3 [N, K/16],
+    `.weight_scale_2` fp32 scalar (the tensor scale), optional `.bias`. `.input_scale` (W4A4 only) is ignored.
+    `dtype`: the activations' dtype where there is no bias."""
+    name = lambda s: _prefixed(prefix, s)  # noqa: E731
+    return FP4Linear.from_quantized(
+        _get(state_dict, name("weight")), _get(state_dict, name("weight_scale")), "nvfp4",
+        _get(state_dict, name("weight_scale_2")), state_dict.get(name("bias")), "plain", dtype,
+    )  # fmt: skip
+
+
+def load_compressed_tensors_nvfp4(state_dict: Mapping, prefix: str,
+                                  dtype: torch.dtype = torch.bfloat16) -> FP4Linear:
+    """FP4Linear from a compressed-tensors NVFP4 layer: `{prefix}.weight_packed` uint8 [N, K/2], `.weight_scale`
+    e4m3 [N, K/16], `.weight_global_scale` fp32 (one element), which stores 1 / the tensor scale, optional
+    `.bias`."""
+    name = lambda s: _prefixed(prefix, s)  # noqa: E731
+    inverse = _get(state_dict, name("weight_global_scale"))
+    if not isinstance(inverse, torch.Tensor) or inverse.dtype != torch.float32 or inverse.numel() != 1:
+        got = f"{inverse.dtype}, shape {tuple(inverse.shape)}" if isinstance(inverse, torch.Tensor) else inverse
+        raise ValueError(f"{name('weight_global_scale')}: expected one fp32 element, got {got}")
+    return FP4Linear.from_quantized(
+        _get(state_dict, name("weight_packed")), _get(state_dict, name("weight_scale")), "nvfp4",
+        1.0 / inverse, state_dict.get(name("bias")), "plain", dtype,
+    )  # fmt: skip
+
+
+def load_gpt_oss_experts(state_dict: Mapping, prefix: str, proj: str,
+                         dtype: torch.dtype = torch.bfloat16) -> list[FP4Linear]:
+    """One FP4Linear per expert of a gpt-oss MXFP4 projection: `{prefix}.{proj}_blocks` uint8 [E, rows, K/32, 16]
+    and `{prefix}.{proj}_scales` uint8 [E, rows, K/32], with `proj` "gate_up_proj" or "down_proj", and the
+    optional `{prefix}.{proj}_bias` [E, rows].
+
+    Expert e's weight is blocks[e] viewed as (rows, K/2) and its scales scales[e]: views of the state dict's
+    tensors, no copy. Each expert's bytes start 16-byte aligned on CUDA only if rows·K/32 is a multiple of 16
+    (true of gpt-oss's 2880 and 5760 rows). gate_up_proj stores the gate and up rows interleaved (gate on even
+    rows, up on odd); the module computes over the rows as stored and does not reorder them.
+    """
+    if proj not in ("gate_up_proj", "down_proj"):
+        raise ValueError(f"proj: expected 'gate_up_proj' or 'down_proj', got {proj!r}")
+    blocks_name, scales_name = _prefixed(prefix, f"{proj}_blocks"), _prefixed(prefix, f"{proj}_scales")
+    blocks, scales = _get(state_dict, blocks_name), _get(state_dict, scales_name)
+    bias = state_dict.get(_prefixed(prefix, f"{proj}_bias"))
+    if not isinstance(blocks, torch.Tensor) or blocks.dim() != 4 or blocks.shape[-1] != 16:
+        got = tuple(blocks.shape) if isinstance(blocks, torch.Tensor) else type(blocks).__name__
+        raise ValueError(f"{blocks_name}: expected shape (E, rows, K/32, 16), got {got}")
+    experts, rows, kb, _ = blocks.shape
+    if not blocks.is_contiguous():
+        raise ValueError(f"{blocks_name}: expected a contiguous tensor (experts are viewed, not copied), got "
+                         f"strides {blocks.stride()}")
+    if not isinstance(scales, torch.Tensor) or tuple(scales.shape) != (experts, rows, kb):
+        got = tuple(scales.shape) if isinstance(scales, torch.Tensor) else type(scales).__name__
+        raise ValueError(f"{scales_name}: expected shape {(experts, rows, kb)} (from {blocks_name}), got {got}")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (experts, rows)):
+        got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise ValueError(f"{_prefixed(prefix, f'{proj}_bias')}: expected shape {(experts, rows)}, got {got}")
+    return [
+        FP4Linear.from_quantized(blocks[e].view(rows, kb * 16), scales[e], "mxfp4", None,
+                                 None if bias is None else bias[e], "plain", dtype)
+        for e in range(experts)
+    ]  # fmt: skip

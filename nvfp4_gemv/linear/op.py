@@ -1,0 +1,131 @@
+"""The fp4 W4A16 linear as a torch custom op, `nvfp4_gemv::fp4_linear`, and `fp4_linear`, the entry to call.
+
+`torch.ops.nvfp4_gemv.fp4_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias) -> y` returns a
+new y (no arguments mutated), so torch.compile(fullgraph=True) and CUDA-graph capture take it as it is. Its fake
+implementation validates from metadata and returns an empty y of the right shape and dtype, so bad input fails
+while tracing. CUDA runs `nvfp4_gemv.linear.kernels.run`; other devices run the fp32 reference.
+
+`fp4_linear` calls the op while torch.compile traces. In eager mode a CUDA call skips the dispatcher: `EagerLinear`
+validates once per metadata signature (as nvfp4_gemv.dispatch does), then per call checks two pointers' alignment,
+allocates y and launches. A python-float global_scale reaches the kernel as a cached 1-element fp32 device tensor
+(a first call with a new value copies it to the device, so warm up before capturing a CUDA graph); under
+torch.compile it becomes a `torch.full` in the graph. Other devices run the reference, a float kept as a float.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from nvfp4_gemv.linear.formats import format_of
+from nvfp4_gemv.linear.reference import linear_reference
+from nvfp4_gemv.linear.validate import PTR_ALIGN, check_global_scale, validate_linear
+
+OP_NAME = "nvfp4_gemv::fp4_linear"
+__all__ = ["OP_NAME", "EagerLinear", "fp4_linear", "fp4_linear_op"]
+
+
+def _meta(t):
+    """What validation of an optional argument depends on: its kind, and a tensor's metadata."""
+    if isinstance(t, torch.Tensor):
+        return t.dtype, t.shape, t.stride(), t.device
+    return type(t)
+
+
+class EagerLinear:
+    """The eager CUDA path: validation cached per metadata signature, then one allocation (y) and one launch.
+
+    `launch` is `nvfp4_gemv.linear.kernels.run` (imported on first use) or, in tests, a stand-in with its
+    signature `(out2d, x2d, weight_u8, scale_u8, fmt, scale_layout, global_scale, bias)`. A signature holds the
+    format, layout, x's dtype, device and K, and the dtype, shape, strides and device of every other tensor (a
+    float global_scale only as "a float": its finiteness is checked per call). M is not in it, so a new number of
+    tokens costs no validation. Per call: the alignment of weight and weight_scale (their addresses are not in
+    the signature), and x made contiguous and 16-byte aligned if it is not (activations may be copied).
+    """
+
+    def __init__(self, launch=None):
+        self._launch = launch
+        self.signatures: set = set()
+        self.scale_tensors: dict = {}  # (float value, device) -> 1-element fp32 tensor on that device
+
+    def launcher(self):
+        if self._launch is None:
+            from nvfp4_gemv.linear import kernels
+
+            self._launch = kernels.run
+        return self._launch
+
+    def scale_tensor(self, value, device: torch.device) -> torch.Tensor:
+        """The cached 1-element fp32 tensor holding the float `value` on `device`."""
+        t = self.scale_tensors.get((value, device))
+        if t is None:
+            t = torch.full((1,), float(value), dtype=torch.float32, device=device)
+            self.scale_tensors[(value, device)] = t
+        return t
+
+    def __call__(self, x, weight, weight_scale, fmt, global_scale, bias, scale_layout):
+        try:
+            k, device = x.shape[-1], x.device
+            key = (fmt, scale_layout, x.dtype, device, k, weight.dtype, weight.shape, weight.stride(),
+                   weight.device, weight_scale.dtype, weight_scale.shape, weight_scale.stride(), weight_scale.device,
+                   None if global_scale is None else _meta(global_scale), None if bias is None else _meta(bias))
+            if key not in self.signatures:
+                validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)
+                self.signatures.add(key)
+            if weight.data_ptr() % PTR_ALIGN or weight_scale.data_ptr() % PTR_ALIGN:
+                validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)  # names the tensor
+        except (AttributeError, IndexError, TypeError):
+            validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)  # a non-tensor argument
+            raise
+        if global_scale is not None and not isinstance(global_scale, torch.Tensor):
+            if global_scale - global_scale != 0:  # NaN or infinite (the signature holds only "a float")
+                check_global_scale(format_of(fmt), global_scale)
+            global_scale = self.scale_tensor(global_scale, device)
+        n = weight.shape[0]
+        x2d = x if x.dim() == 2 else x.reshape(x.numel() // k, k)
+        if not x2d.is_contiguous() or x2d.data_ptr() % PTR_ALIGN:
+            x2d = x2d.clone(memory_format=torch.contiguous_format)
+        m = x2d.shape[0]
+        out = torch.empty((m, n), dtype=x.dtype, device=device)
+        if m:
+            self.launcher()(out, x2d, weight if weight.dtype == torch.uint8 else weight.view(torch.uint8),
+                            weight_scale.view(torch.uint8), fmt, scale_layout, global_scale, bias)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
+
+
+EAGER = EagerLinear()
+
+
+@torch.library.custom_op(OP_NAME, mutates_args=())
+def fp4_linear_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, fmt: str, scale_layout: str,
+                  global_scale: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """y = x · dequant(weight)ᵀ (+ bias) in x's dtype; see `fp4_linear`."""
+    if x.device.type == "cuda":
+        return EAGER(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
+    return linear_reference(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
+
+
+@fp4_linear_op.register_fake
+def _fp4_linear_fake(x, weight, weight_scale, fmt, scale_layout, global_scale, bias):
+    validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias, check_pointers=False)
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def fp4_linear(x, weight, weight_scale, fmt="nvfp4", global_scale=None, bias=None, scale_layout="plain"):
+    """y = x · dequant(weight)ᵀ (+ bias): x (..., K) bf16/fp16 -> y (..., N) in x's dtype.
+
+    weight (N, K/2) uint8 or float4_e2m1fn_x2, fp4 e2m1 codes with the even k in the low nibble. fmt "nvfp4":
+    weight_scale float8_e4m3fn, (N, K/16) for scale_layout "plain" or the 128x4-atom buffer for "swizzled", and
+    global_scale None, a float or a 1-element fp32 tensor. fmt "mxfp4": weight_scale uint8 or float8_e8m0fnu
+    (N, K/32), no global_scale. bias None or (N,) in x's dtype. Bad input raises ValueError naming the tensor
+    (under torch.compile, wrapped in the tracer's error). Weights are read in place; x may be copied.
+    """
+    if torch.compiler.is_compiling():
+        if isinstance(global_scale, numbers.Real):
+            check_global_scale(format_of(fmt), global_scale)
+            global_scale = torch.full((1,), float(global_scale), dtype=torch.float32, device=x.device)
+        return torch.ops.nvfp4_gemv.fp4_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)
+    if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+        return EAGER(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
+    return linear_reference(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
