@@ -1,0 +1,511 @@
+"""The W4A16 decode linear: y[M, N] = x[M, K] · dequant(W)[N, K]ᵀ (+ bias), x bf16/fp16, W NVFP4 or MXFP4 exactly as
+checkpoints store it (uint8 (N, K/2), the even k in the low nibble; scales plain (N, K/16) e4m3, the 128x4 atom
+layout, or MXFP4's (N, K/32) e8m0). One kernel for sm_90 and sm_100a: `mma.sync` m16n8k16 (tensor cores fed from
+registers), since at M >= 4 tokens the CUDA cores cannot do the multiply-adds at the rate the bytes arrive.
+
+Operand roles. W is the MMA's A (16 weight rows a group), x is B (8 tokens a tile; 16 with two tiles; tokens past
+M repeat the last one and are never stored). A thread (r = lane/4, c = lane%4) loads 16 bytes (32 codes) of rows
+r and r+8 of each group per 128-K step, at K offset 32c; its four 8-code words w feed MMAs 2w and 2w+1. The MMA's K
+order inside a step is a permutation of the step's K, the same for W and x, so the sum is unchanged:
+
+    MMA j of a step (w = j//2, p = 2·(j%2)), thread c:  slots (2c, 2c+1)   <- codes (p, p+4)   of word w
+                                                        slots (2c+8, 2c+9) <- codes (p+1, p+5) of word w
+    code i of word w of thread c is K element 128·s + 32c + 8w + i
+
+so each A register is one word's codes (i, i+4): a pair that two shifts and two masks place as f16 or bf16 bits.
+The block scale multiplies the placed pair (one HMUL2), folded with the placement's power of two where it fits
+(`ScaleFold`); the rest of that power of two, and the global scale, multiply the fp32 sum once at the end.
+
+Work split: a CTA is row_warps x k_warps warps; a warp owns `groups` 16-row groups and takes every k_warps-th step,
+so the row_warps warps on the same steps share x through L1. k-warps are summed in warp order through shared
+memory: the result is bit-identical run to run. Each product W·x is exact in fp32 and the tensor cores sum in fp32.
+"""
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
+
+from cute_kernels.compile import SmemAllocator, load_atom
+from cute_kernels.ptx import inline_ptx
+from layouts.constants import SF_VEC
+from layouts.sf_cute import sf_layout_by_col
+
+STEP_K = 128  # K elements a warp covers per step: 4 threads x 32 codes
+FORMATS = ("nvfp4", "mxfp4")
+X_DTYPES = ("bf16", "fp16")
+MX_VEC = 32
+
+
+@dataclass(frozen=True)
+class LinearW4A16Config:
+    """The cache key of one compiled linear kernel."""
+
+    fmt: str = "nvfp4"  # "nvfp4" (e4m3 per 16) or "mxfp4" (e8m0 per 32)
+    sf_kind: str = "plain"  # nvfp4 scale layout: "plain" (N, K/16) or "permuted" (the 128x4 atom layout)
+    x_dtype: str = "bf16"  # activations and output: "bf16" or "fp16"
+    token_tiles: int = 1  # 8-token MMA tiles per CTA (1: M <= 8 per CTA, 2: 16)
+    groups: int = 2  # 16-row MMA groups per warp
+    row_warps: int = 4  # warps on different rows, same K steps (they share x through L1)
+    k_warps: int = 2  # warps on the same rows, interleaved K steps (summed in warp order)
+    unroll: int = 2
+    bias: bool = False
+    global_scale: bool = False
+
+    def __post_init__(self):
+        if self.fmt not in FORMATS:
+            raise ValueError(f"fmt must be one of {FORMATS}, got {self.fmt!r}")
+        if self.x_dtype not in X_DTYPES:
+            raise ValueError(f"x_dtype must be one of {X_DTYPES}, got {self.x_dtype!r}")
+        if self.sf_kind not in ("plain", "permuted") or (self.fmt == "mxfp4" and self.sf_kind != "plain"):
+            raise ValueError(f"sf_kind must be 'plain' or (nvfp4 only) 'permuted', got {self.sf_kind!r} for {self.fmt}")
+        if self.token_tiles not in (1, 2) or self.groups not in (1, 2, 4):
+            raise ValueError(f"token_tiles must be 1 or 2 and groups 1, 2 or 4, got {self}")
+        if not 1 <= self.row_warps * self.k_warps <= 16:
+            raise ValueError(f"row_warps * k_warps must be in 1..16, got {self}")
+        if self.fmt == "mxfp4" and self.global_scale:
+            raise ValueError("mxfp4 has no global scale")
+
+    @property
+    def mma_dtype(self) -> str:
+        """The MMA's operand type. fp16 x with NVFP4 stays f16 (code x scale <= 2688 is exact in f16); MXFP4's
+        power-of-two scales need bf16's range, and fp16 x then goes in as an exact bf16 hi + lo pair."""
+        return "fp16" if (self.x_dtype == "fp16" and self.fmt == "nvfp4") else "bf16"
+
+    @property
+    def split_x(self) -> bool:
+        return self.x_dtype == "fp16" and self.mma_dtype == "bf16"
+
+    @property
+    def rows_per_cta(self) -> int:
+        return 16 * self.groups * self.row_warps
+
+    @property
+    def tokens_per_cta(self) -> int:
+        return 8 * self.token_tiles
+
+    @property
+    def sf_vec(self) -> int:
+        return SF_VEC if self.fmt == "nvfp4" else MX_VEC
+
+    def output_factor(self) -> float:
+        """The power of two left on the fp32 sum by the scale fold (see ScaleFold)."""
+        if self.fmt == "mxfp4":
+            return 1.0
+        return 1.0 if self.mma_dtype == "fp16" else 2.0**8
+
+
+# ---------------------------------------------------------------- device helpers
+
+
+def _u32(v, loc=None, ip=None):
+    return Uint32(v).ir_value(loc=loc, ip=ip)
+
+
+def _asm_u32(args, asm: str, constraints: str, loc=None, ip=None) -> Uint32:
+    return Uint32(inline_ptx(T.i32(), [_u32(a, loc, ip) for a in args], asm, constraints, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def prmt(a, b, sel: int, *, loc=None, ip=None) -> Uint32:
+    """`prmt.b32` with an immediate selector: bytes of {b:a} (one PRMT)."""
+    return _asm_u32([a, b], f"prmt.b32 $0, $1, $2, {sel:#x};", "=r,r,r", loc, ip)
+
+
+@dsl_user_op
+def mul_x2(a, b, dtype: str, *, loc=None, ip=None) -> Uint32:
+    """Packed `mul.rn.f16x2` / `mul.rn.bf16x2` (one HMUL2); bf16 keeps subnormal inputs (PTX: no .ftz for bf16)."""
+    op = "mul.rn.f16x2" if dtype == "fp16" else "mul.rn.bf16x2"
+    return _asm_u32([a, b], f"{op} $0, $1, $2;", "=r,r,r", loc, ip)
+
+
+@dsl_user_op
+def e4m3x2_to_f16x2(pair, *, loc=None, ip=None) -> Uint32:
+    """Two e4m3 bytes (low 16 bits) to f16x2, exactly (`cvt.rn.f16x2.e4m3x2`, sm_89 and later)."""
+    return _asm_u32(
+        [pair], "{\n\t.reg .b16 s;\n\tcvt.u16.u32 s, $1;\n\tcvt.rn.f16x2.e4m3x2 $0, s;\n\t}", "=r,r", loc, ip
+    )
+
+
+@dsl_user_op
+def f16_half_to_bf16x2(h2, half: int, scale: float, *, loc=None, ip=None) -> Uint32:
+    """One f16 half of `h2`, times the power of two `scale` in fp32, as a bf16 pair of two equal values (exact: an
+    e4m3 value has 4 significant bits)."""
+    sel = "l" if half == 0 else "h"
+    f = f"0f{_f32_bits(scale):08X}"
+    return _asm_u32(
+        [h2],
+        "{\n\t.reg .b16 l, h;\n\t.reg .f32 a;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 a, " + sel + ";\n\t"
+        f"mul.rn.f32 a, a, {f};\n\tcvt.rn.bf16x2.f32 $0, a, a;\n\t}}",
+        "=r,r",
+        loc,
+        ip,
+    )
+
+
+def _f32_bits(v: float) -> int:
+    import struct
+
+    return struct.unpack("<I", struct.pack("<f", v))[0]
+
+
+@dsl_user_op
+def mma_16816(acc, a, b, dtype: str, *, loc=None, ip=None):
+    """`mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}` into four fp32 accumulators (returned)."""
+    ab = "bf16" if dtype == "bf16" else "f16"
+    operands = [_u32(v, loc, ip) for v in (*a, *b)] + [Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
+    res = inline_ptx(
+        llvm.StructType.get_literal([T.f32()] * 4),
+        operands,
+        f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32 {{$0, $1, $2, $3}}, {{$4, $5, $6, $7}}, "
+        "{$8, $9}, {$10, $11, $12, $13};",
+        "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3",
+        loc=loc,
+        ip=ip,
+    )
+    return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
+
+
+@dsl_user_op
+def split_f16x2_to_bf16x2(h2, *, loc=None, ip=None):
+    """An f16 pair as two bf16 pairs (hi, lo) with hi + lo == the f16 values exactly (bf16 has the range, and 8 +
+    8 significant bits cover f16's 11)."""
+    asm = (
+        "{\n\t.reg .b16 l, h;\n\t.reg .f32 a, b, c, d;\n\t.reg .b32 p;\n\tmov.b32 {l, h}, $2;\n\t"
+        "cvt.f32.f16 a, l;\n\tcvt.f32.f16 b, h;\n\tcvt.rn.bf16x2.f32 p, b, a;\n\tmov.b32 $0, p;\n\t"
+        "mov.b32 {l, h}, p;\n\tcvt.f32.bf16 c, l;\n\tcvt.f32.bf16 d, h;\n\tsub.rn.f32 a, a, c;\n\t"
+        "sub.rn.f32 b, b, d;\n\tcvt.rn.bf16x2.f32 $1, b, a;\n\t}"
+    )
+    res = inline_ptx(
+        llvm.StructType.get_literal([T.i32()] * 2), [_u32(h2, loc, ip)], asm, "=r,=r,r", loc=loc, ip=ip
+    )
+    return (
+        Uint32(llvm.extractvalue(T.i32(), res, [0], loc=loc, ip=ip)),
+        Uint32(llvm.extractvalue(T.i32(), res, [1], loc=loc, ip=ip)),
+    )
+
+
+@dsl_user_op
+def ld_global_nc_u16(addr, *, loc=None, ip=None) -> Uint32:
+    return Uint32(
+        inline_ptx(
+            T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+            "{\n\t.reg .b16 s;\n\tld.global.nc.u16 s, [$1];\n\tcvt.u32.u16 $0, s;\n\t}", "=r,l", loc=loc, ip=ip,
+        )
+    )  # fmt: skip
+
+
+@dsl_user_op
+def ld_global_nc_u8(addr, *, loc=None, ip=None) -> Uint32:
+    return Uint32(
+        inline_ptx(
+            T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
+            "{\n\t.reg .b16 s;\n\tld.global.nc.u8 s, [$1];\n\tcvt.u32.u16 $0, s;\n\t}", "=r,l", loc=loc, ip=ip,
+        )
+    )  # fmt: skip
+
+
+# The codes each decoded pair holds, per MMA dtype: word pair P[i] = (codes a, b), a in the low half.
+PAIRS = {"bf16": ((0, 4), (1, 5), (2, 6), (3, 7)), "fp16": ((0, 2), (1, 3), (4, 6), (5, 7))}
+
+
+@dsl_user_op
+def e4m3x2_half_to_f16x2(word, half: int, *, loc=None, ip=None) -> Uint32:
+    """The e4m3 pair in 16-bit half `half` of `word` to f16x2 (`cvt.rn.f16x2.e4m3x2`, one F2FP)."""
+    sel = "l" if half == 0 else "h"
+    return _asm_u32(
+        [word], "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $1;\n\tcvt.rn.f16x2.e4m3x2 $0, " + sel + ";\n\t}", "=r,r",
+        loc, ip,
+    )
+
+
+def decode_word(q, dtype: str):
+    """The 8 codes of word q (code i in bits 4i..4i+3) as four placed pairs, in PAIRS[dtype] order.
+
+    bf16: pair (i, i+4) shares a 16-bit-apart nibble position, so one mask keeps both, one multiply by
+    2^(6-b) + 2^(12-b) makes two disjoint copies (mag to bits 6-8, sign to bit 15 of each half) and one mask keeps
+    the wanted bits: LOP3, IMAD, LOP3. The value is code · 2^-126 (0 and ±0.5 are subnormal; HMUL2.BF16 keeps them).
+    f16: every code byte-aligned as an e4m3 byte (sign to bit 7, (e1 e0 m) to bits 4-2: an e4m3 of value
+    code · 2^-6, subnormals included), two bytes at a time through `cvt.rn.f16x2.e4m3x2`: 7 integer ops and 4
+    F2FP a word."""
+    q = Uint32(q)
+    if dtype == "bf16":
+        out = []
+        hi = q >> 8
+        for i in range(4):
+            src = q if i < 2 else hi
+            b = 4 * (i % 2)
+            x = src & Uint32(0x000F000F << b)
+            out.append((x * Uint32((1 << (6 - b)) + (1 << (12 - b)))) & Uint32(0x81C081C0))
+        return out
+    even = ((q << 4) & Uint32(0x80808080)) | ((q << 2) & Uint32(0x1C1C1C1C))  # codes 0, 2, 4, 6
+    odd = (q & Uint32(0x80808080)) | ((q >> 2) & Uint32(0x1C1C1C1C))  # codes 1, 3, 5, 7
+    return [
+        e4m3x2_half_to_f16x2(even, 0),
+        e4m3x2_half_to_f16x2(odd, 0),
+        e4m3x2_half_to_f16x2(even, 1),
+        e4m3x2_half_to_f16x2(odd, 1),
+    ]
+
+
+def x_pair_selector(a: int, b: int) -> int:
+    """prmt selector taking x element a (of words u[a//2]) to the low half and b (of u[b//2]) to the high half."""
+    lo = 2 * (a % 2)
+    hi = 4 + 2 * (b % 2)
+    return ((hi + 1) << 12) | (hi << 8) | ((lo + 1) << 4) | lo
+
+
+# The scale fold: the placed code carries 2^-6 (f16) or 2^-126 (bf16). NVFP4's e4m3 scale (<= 448) times 2^6 fits
+# f16 (product code·scale, exact); times 2^118 it fits bf16 (product code·scale·2^-8, exact, and output_factor()
+# puts the 2^8 back on the fp32 sum). MXFP4's 2^(s-127) cannot absorb 2^126 for s > 128, so its placed codes are
+# multiplied by 2^126 first (exact) and then by the scale.
+NV_FOLD = {"fp16": 2.0**6, "bf16": 2.0**118}
+BF16_2_126 = 0x7E807E80  # 2^126 in both bf16 halves
+F16_2_6 = 0x54005400  # 64.0 in both f16 halves
+
+
+@dsl_user_op
+def e8m0_to_bf16x2(s, *, loc=None, ip=None) -> Uint32:
+    """An e8m0 byte s as 2^(s-127) in both bf16 halves: exponent bits s << 7; s = 0 is the subnormal 2^-127, and
+    s = 255 is NaN."""
+    return _asm_u32(
+        [s],
+        "{\n\t.reg .b32 e;\n\t.reg .pred z, n;\n\tshl.b32 e, $1, 7;\n\tsetp.eq.u32 z, $1, 0;\n\t"
+        "setp.eq.u32 n, $1, 255;\n\tselp.b32 e, 64, e, z;\n\tselp.b32 e, 32704, e, n;\n\t"
+        "prmt.b32 $0, e, e, 0x1010;\n\t}",
+        "=r,r",
+        loc,
+        ip,
+    )
+
+
+class LinearW4A16:
+    def __init__(self, config: LinearW4A16Config, target=None):
+        self.cfg = config
+        self.warps = config.row_warps * config.k_warps
+
+    @staticmethod
+    def can_implement(m: int, n: int, k: int) -> bool:
+        """M, N >= 1; K a positive multiple of 64; word offsets of W and x fit an int32."""
+        return m >= 1 and n >= 1 and k >= 64 and k % 64 == 0 and max(n, m) * (k // 2) < 2**31
+
+    @staticmethod
+    def fake_operands(config: LinearW4A16Config):
+        from cutlass.cute.runtime import make_fake_tensor
+
+        m, n = cute.sym_int(), cute.sym_int()
+        k = cute.sym_int(divisibility=64)
+        xdt = cutlass.BFloat16 if config.x_dtype == "bf16" else cutlass.Float16
+        kb = cute.sym_int(divisibility=32)
+        x = make_fake_tensor(xdt, (m, k), stride=(cute.sym_int(divisibility=8), 1), assumed_align=16)
+        w = make_fake_tensor(Uint8, (n, kb), stride=(kb, 1), assumed_align=16)
+        if config.sf_kind == "permuted":
+            rows, cols = cute.sym_int(divisibility=128), cute.sym_int(divisibility=4)
+        else:
+            rows, cols = n, cute.sym_int(divisibility=2)
+        sf = make_fake_tensor(Uint8, (rows, cols), stride=(cols, 1), assumed_align=16)
+        y = make_fake_tensor(xdt, (m, n), stride=(cute.sym_int(), 1), assumed_align=2)
+        gs = make_fake_tensor(Float32, (1,), stride=(1,), assumed_align=4)
+        bias = make_fake_tensor(xdt, (cute.sym_int(),), stride=(1,), assumed_align=2)
+        return x, w, sf, y, gs, bias
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mSF: cute.Tensor, mY: cute.Tensor, mGS: cute.Tensor,
+                 mBias: cute.Tensor, stream=None):
+        kernel_call, shape = self.build(mX, mW, mSF, mY, mGS, mBias)
+        if const_expr(stream is None):
+            kernel_call.launch(**shape)
+        else:
+            kernel_call.launch(**shape, stream=stream)
+
+    @cute.jit
+    def build(self, mX, mW, mSF, mY, mGS, mBias):
+        cfg = self.cfg
+        m, k = mX.shape
+        n = mY.shape[1]
+        x_words = cute.make_tensor(
+            cute.recast_ptr(mX.iterator, dtype=Uint32), cute.make_layout((m, k // 2), stride=(mX.stride[0] // 2, 1))
+        )
+        w_words = cute.make_tensor(
+            cute.recast_ptr(mW.iterator, dtype=Uint32), cute.make_layout((n, k // 8), stride=(k // 8, 1))
+        )
+        if const_expr(cfg.fmt == "nvfp4"):
+            sf = cute.make_tensor(mSF.iterator, sf_layout_by_col(cfg.sf_kind, n, k, 1))
+        else:
+            sf = cute.make_tensor(mSF.iterator, cute.make_layout((n, k // MX_VEC), stride=(k // MX_VEC, 1)))
+        grid = [(n + cfg.rows_per_cta - 1) // cfg.rows_per_cta, (m + cfg.tokens_per_cta - 1) // cfg.tokens_per_cta, 1]
+        call = self.kernel(x_words, w_words, sf, mY, mGS, mBias, m, n, k)
+        return call, dict(grid=grid, block=[32 * self.warps, 1, 1])
+
+    # ------------------------------------------------------------ per step
+
+    def make_regs(self):
+        cfg = self.cfg
+        return (
+            cute.make_rmem_tensor(cute.make_layout((4, 2, cfg.groups)), Uint32),  # W words (word, half, group)
+            cute.make_rmem_tensor(cute.make_layout((16, cfg.token_tiles)), Uint32),  # x words (word, tile)
+            cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Uint32),  # scale bits (half, group)
+        )
+
+    @cute.jit
+    def sf_address(self, sf: cute.Tensor, row, s, c):
+        """Byte address of this thread's first block scale of `row` at step s (nvfp4: two bytes, mxfp4: one)."""
+        if const_expr(self.cfg.fmt == "nvfp4"):
+            col = s * (STEP_K // SF_VEC) + 2 * c
+            off = sf.layout(((row % 32, (row // 32) % 4, row // 128), (col % 4, col // 4), 0))
+        else:
+            off = sf.layout((row, s * (STEP_K // MX_VEC) + c))
+        return sf.iterator.toint() + Int64(off)
+
+    @cute.jit
+    def load_step(self, regs, x_words, w_words, sf, s, rows, toks, c, live):
+        """Issue the loads of step s: 16 bytes of W and the scales per row, 64 bytes of x per token."""
+        cfg = self.cfg
+        rW, rX, rS = regs
+        atom_w = load_atom(Uint32, 128, l1_no_allocate=True)
+        atom_x = load_atom(Uint32, 128)
+        wq = s * (STEP_K // 8) + 4 * c  # first W word of this thread
+        xq = s * (STEP_K // 2) + 16 * c  # first x word
+        if live:
+            for g in cutlass.range_constexpr(cfg.groups):
+                for h in cutlass.range_constexpr(2):
+                    row = rows[g, h]
+                    cute.copy(atom_w, cute.local_tile(w_words[row, None], (4,), (wq // 4,)), rW[None, h, g])
+                    addr = self.sf_address(sf, row, s, c)
+                    if const_expr(cfg.fmt == "nvfp4"):
+                        rS[h, g] = ld_global_nc_u16(addr)
+                    else:
+                        rS[h, g] = ld_global_nc_u8(addr)
+            for t in cutlass.range_constexpr(cfg.token_tiles):
+                for v in cutlass.range_constexpr(4):
+                    src = cute.local_tile(x_words[toks[t], None], (4,), (xq // 4 + v,))
+                    cute.copy(atom_x, src, cute.local_tile(rX[None, t], (4,), (v,)))
+        else:
+            rW.fill(0)
+            rX.fill(0)
+            for g in cutlass.range_constexpr(cfg.groups):
+                for h in cutlass.range_constexpr(2):
+                    rS[h, g] = Uint32(0x3838)  # any finite scale: the codes are zero
+
+    @cute.jit
+    def scale_pairs(self, bits):
+        """The multiplier pairs of one row's step: (for words 0-1, for words 2-3) in the MMA dtype, folded."""
+        cfg = self.cfg
+        if const_expr(cfg.fmt == "mxfp4"):
+            sc = e8m0_to_bf16x2(bits)
+            return sc, sc
+        h2 = e4m3x2_to_f16x2(bits)
+        if const_expr(cfg.mma_dtype == "fp16"):
+            h2 = mul_x2(h2, Uint32(F16_2_6), "fp16")
+            return prmt(h2, h2, 0x1010), prmt(h2, h2, 0x3232)
+        return f16_half_to_bf16x2(h2, 0, NV_FOLD["bf16"]), f16_half_to_bf16x2(h2, 1, NV_FOLD["bf16"])
+
+    @cute.jit
+    def compute_step(self, regs, acc):
+        cfg = self.cfg
+        dt = cfg.mma_dtype
+        pairs = PAIRS[dt]
+        rW, rX, rS = regs
+        # x as the MMA's B operand: MMA 2w + jj multiplies word w's pairs 2jj (slots 2c, 2c+1) and 2jj+1 (slots
+        # 2c+8, 2c+9); its b0, b1 hold the same x elements (8w + a, 8w + b) of each pair (a, b).
+        xb = []
+        for t in cutlass.range_constexpr(cfg.token_tiles):
+            tile = []
+            for w in cutlass.range_constexpr(4):
+                u = [rX[4 * w + e, t] for e in range(4)]
+                bs = []
+                for a, b in pairs:
+                    bs.append(prmt(u[a // 2], u[b // 2], x_pair_selector(a, b)))
+                for jj in cutlass.range_constexpr(2):
+                    b0, b1 = bs[2 * jj], bs[2 * jj + 1]
+                    if const_expr(cfg.split_x):
+                        b0h, b0l = split_f16x2_to_bf16x2(b0)
+                        b1h, b1l = split_f16x2_to_bf16x2(b1)
+                        tile.append(((b0h, b1h), (b0l, b1l)))
+                    else:
+                        tile.append(((b0, b1),))
+            xb.append(tile)
+        for g in cutlass.range_constexpr(cfg.groups):
+            sc = [self.scale_pairs(rS[h, g]) for h in range(2)]  # sc[half][word // 2]
+            for w in cutlass.range_constexpr(4):
+                dec = [decode_word(rW[w, h, g], dt) for h in range(2)]
+                for h in cutlass.range_constexpr(2):
+                    for i in cutlass.range_constexpr(4):
+                        v = dec[h][i]
+                        if const_expr(cfg.fmt == "mxfp4"):
+                            v = mul_x2(v, Uint32(BF16_2_126), "bf16")
+                        dec[h][i] = mul_x2(v, sc[h][w // 2], dt)
+                for jj in cutlass.range_constexpr(2):
+                    a = (dec[0][2 * jj], dec[1][2 * jj], dec[0][2 * jj + 1], dec[1][2 * jj + 1])
+                    for t in cutlass.range_constexpr(cfg.token_tiles):
+                        for bb in xb[t][2 * w + jj]:
+                            r = mma_16816([acc[q, g, t] for q in range(4)], a, bb, dt)
+                            for q in cutlass.range_constexpr(4):
+                                acc[q, g, t] = r[q]
+
+    @cute.kernel
+    def kernel(self, x_words: cute.Tensor, w_words: cute.Tensor, sf: cute.Tensor, mY: cute.Tensor,
+               mGS: cute.Tensor, mBias: cute.Tensor, m: Int32, n: Int32, k: Int32):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        warp = tidx // 32
+        wr = warp % cfg.row_warps
+        wk = warp // cfg.row_warps
+        r = lane // 4
+        c = lane % 4
+        row0 = bidx * cfg.rows_per_cta + wr * (16 * cfg.groups)
+        rows = cute.make_rmem_tensor(cute.make_layout((cfg.groups, 2)), Int32)
+        for g in cutlass.range_constexpr(cfg.groups):
+            for h in cutlass.range_constexpr(2):
+                rows[g, h] = cutlass.min(row0 + 16 * g + 8 * h + r, n - 1)
+        toks = cute.make_rmem_tensor(cute.make_layout(cfg.token_tiles), Int32)
+        for t in cutlass.range_constexpr(cfg.token_tiles):
+            toks[t] = cutlass.min(bidy * cfg.tokens_per_cta + 8 * t + r, m - 1)
+
+        acc = cute.make_rmem_tensor(cute.make_layout((4, cfg.groups, cfg.token_tiles)), Float32)
+        acc.fill(0.0)
+        n_full = k // STEP_K
+        my_steps = (n_full - wk + cfg.k_warps - 1) // cfg.k_warps
+        for st in cutlass.range(my_steps, unroll=cfg.unroll):
+            s = wk + st * cfg.k_warps
+            regs = self.make_regs()
+            self.load_step(regs, x_words, w_words, sf, s, rows, toks, c, True)
+            self.compute_step(regs, acc)
+        if k % STEP_K != 0:
+            # The last 64 K elements: lanes c = 0, 1 hold them; c = 2, 3 multiply zeros.
+            if wk == n_full % cfg.k_warps:
+                regs = self.make_regs()
+                self.load_step(regs, x_words, w_words, sf, n_full, rows, toks, c, c < 2)
+                self.compute_step(regs, acc)
+
+        # k-warps in warp order through shared memory, then one warp per row slice stores.
+        smem = SmemAllocator()
+        per_thread = 4 * cfg.groups * cfg.token_tiles
+        red = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, self.warps)), 16)
+        if const_expr(cfg.k_warps > 1):
+            for i in cutlass.range_constexpr(per_thread):
+                red[i, lane, warp] = acc[i]
+            cute.arch.sync_threads()
+        if wk == 0:
+            factor = Float32(cfg.output_factor())
+            if const_expr(cfg.global_scale):
+                factor = factor * mGS[0]
+            for g in cutlass.range_constexpr(cfg.groups):
+                for t in cutlass.range_constexpr(cfg.token_tiles):
+                    for q in cutlass.range_constexpr(4):
+                        i = q + 4 * (g + cfg.groups * t)
+                        v = acc[i]
+                        for kw in cutlass.range_constexpr(1, cfg.k_warps):
+                            v = v + red[i, lane, wr + kw * cfg.row_warps]
+                        row = row0 + 16 * g + 8 * (q // 2) + r
+                        tok = bidy * cfg.tokens_per_cta + 8 * t + 2 * c + q % 2
+                        if row < n and tok < m:
+                            v = v * factor
+                            if const_expr(cfg.bias):
+                                v = v + mBias[row].to(Float32)
+                            mY[tok, row] = v.to(mY.element_type)
