@@ -273,7 +273,8 @@ def _nearest_property(w, q, s, g, fmt):
     grid = torch.tensor(E2M1).view(1, 1, 16) * step.unsqueeze(-1)
     best = (w.double().unsqueeze(-1) - grid).abs().amin(-1)
     err = (w.double() - deq).abs()
-    assert (err <= best + 2.0**-22 * (w.double().abs() + step)).all()  # dequantize rounds code · scale · global in fp32
+    # dequantize rounds code · scale · global in fp32, the grid here is float64
+    assert (err <= best + 2.0**-22 * (w.double().abs() + step)).all()
     return err, step, block
 
 

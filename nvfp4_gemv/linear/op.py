@@ -71,10 +71,10 @@ class EagerLinear:
                    weight.device, weight_scale.dtype, weight_scale.shape, weight_scale.stride(), weight_scale.device,
                    None if global_scale is None else _meta(global_scale), None if bias is None else _meta(bias))
             if key not in self.signatures:
-                validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)
+                validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias, check_pointers=True)
                 self.signatures.add(key)
             if weight.data_ptr() % PTR_ALIGN or weight_scale.data_ptr() % PTR_ALIGN:
-                validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)  # names the tensor
+                validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias, check_pointers=True)
         except (AttributeError, IndexError, TypeError):
             validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)  # a non-tensor argument
             raise

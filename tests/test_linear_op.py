@@ -1,0 +1,401 @@
+"""The fp4 linear's op, eager path and module: numbers against the reference, torch.compile and opcheck, bad input.
+
+The CUDA kernel's eager path (`EagerLinear`) runs here on CPU tensors with a stand-in launcher that records what it
+was handed, so its caching, copies and pointer checks are tested without a GPU. Tests marked `gpu` run the kernels.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from nvfp4_gemv.linear import FP4Linear, fp4_linear, linear_reference, quantize_mxfp4, quantize_nvfp4, validate_linear
+from nvfp4_gemv.linear.op import EagerLinear
+from test_linear_reference import np_dequantize, swizzle, u8
+
+LAYOUTS = [("nvfp4", "plain"), ("nvfp4", "swizzled"), ("mxfp4", "plain")]
+
+
+def operands(fmt="nvfp4", scale_layout="plain", n=130, k=128, lead=(3,), dtype=torch.bfloat16, bias=True,
+             global_scale=0.8125, seed=0):
+    """Keyword arguments of fp4_linear: random codes, moderate scales, and the plain scales (for numpy)."""
+    torch.manual_seed(seed)
+    w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
+    if fmt == "nvfp4":
+        plain = torch.randint(0x20, 0x48, (n, k // 16), dtype=torch.uint8).view(torch.float8_e4m3fn)
+        scale = swizzle(plain) if scale_layout == "swizzled" else plain
+    else:
+        plain = scale = torch.randint(118, 132, (n, k // 32), dtype=torch.uint8)
+        global_scale = None
+    args = dict(x=torch.randn(*lead, k).to(dtype), weight=w, weight_scale=scale, fmt=fmt,
+                global_scale=global_scale, bias=torch.randn(n).to(dtype) if bias else None, scale_layout=scale_layout)
+    return args, plain
+
+
+def op_args(a):
+    g = a["global_scale"]
+    if g is not None and not isinstance(g, torch.Tensor):
+        g = torch.tensor([g], dtype=torch.float32)
+    return (a["x"], a["weight"], a["weight_scale"], a["fmt"], a["scale_layout"], g, a["bias"])
+
+
+def assert_close_to_numpy(y, a, plain):
+    n, k = a["weight"].shape[0], a["x"].shape[-1]
+    wd = np_dequantize(u8(a["weight"]), u8(plain), a["fmt"], "plain", float(a["global_scale"] or 1.0))
+    x64 = a["x"].double().reshape(-1, k).numpy()
+    y64 = x64 @ wd.T + (a["bias"].double().numpy() if a["bias"] is not None else 0)
+    ulp = 2.0 ** -(8 if a["x"].dtype == torch.bfloat16 else 11)
+    bound = 1e-6 * (np.abs(x64) @ np.abs(wd).T) + ulp * np.abs(y64) + 1e-30
+    assert (np.abs(y.double().reshape(-1, n).numpy() - y64) <= bound).all()
+
+
+# ---------------------------------------------------------------- eager CPU, the op, torch.compile
+
+
+@pytest.mark.parametrize("fmt,scale_layout", LAYOUTS)
+@pytest.mark.parametrize("lead", [(1,), (2, 3), (16,)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_eager_and_op_match_reference(fmt, scale_layout, lead, dtype):
+    a, plain = operands(fmt, scale_layout, lead=lead, dtype=dtype)
+    y = fp4_linear(**a)
+    assert y.shape == (*lead, 130) and y.dtype == dtype
+    assert torch.equal(y, linear_reference(**a))
+    assert torch.equal(torch.ops.nvfp4_gemv.fp4_linear(*op_args(a)), y)
+    assert_close_to_numpy(y, a, plain)
+
+
+def test_global_scale_float_and_tensor_agree():
+    a, _ = operands()
+    y = fp4_linear(**a)
+    for g in (torch.tensor(0.8125), torch.tensor([0.8125])):
+        assert torch.equal(fp4_linear(**{**a, "global_scale": g}), y)
+    assert not torch.equal(fp4_linear(**{**a, "global_scale": 0.5}), y)
+
+
+@pytest.mark.parametrize("lead", [(0,), (2, 0)])
+def test_empty_x(lead):
+    a, _ = operands(lead=lead)
+    for y in (fp4_linear(**a), torch.ops.nvfp4_gemv.fp4_linear(*op_args(a))):
+        assert y.shape == (*lead, 130) and y.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("fmt,scale_layout", LAYOUTS)
+@pytest.mark.parametrize("bias", [True, False])
+def test_opcheck(fmt, scale_layout, bias):
+    # opcheck's test_schema compares the inputs before and after with torch.allclose, which has no CPU kernel for
+    # float8_e4m3fn; NVFP4's e4m3 scales skip that one check (MXFP4's uint8 scales run every check).
+    utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    for lead in ((2, 3), (0,)):
+        a, _ = operands(fmt, scale_layout, n=33, k=64, lead=lead, bias=bias)
+        kw = {} if fmt == "mxfp4" else {"test_utils": utils}
+        torch.library.opcheck(torch.ops.nvfp4_gemv.fp4_linear.default, op_args(a), **kw)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("fmt,scale_layout", LAYOUTS)
+def test_compile_fullgraph_matches_eager(backend, fmt, scale_layout):
+    a, _ = operands(fmt, scale_layout, n=64, k=128, lead=(2, 5))
+    w, s, g, b = a["weight"], a["weight_scale"], a["global_scale"], a["bias"]
+
+    def f(x):
+        return torch.relu(fp4_linear(x * 2, w, s, fmt, g, b, scale_layout)) + 1  # a float global_scale, too
+
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    torch._dynamo.reset()
+    assert torch.equal(compiled(a["x"]), f(a["x"]))
+    x2 = torch.randn(7, 128).to(torch.bfloat16)  # another M: a recompile or a dynamic shape, same numbers
+    assert torch.equal(compiled(x2), f(x2))
+
+
+def test_compile_module():
+    lin = torch.nn.Linear(128, 48).to(torch.bfloat16)
+    m = FP4Linear.from_linear(lin, "nvfp4", "swizzled")
+    x = torch.randn(4, 128, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(m, fullgraph=True, backend="aot_eager")(x), m(x))
+
+
+def test_compile_reports_bad_input():
+    a, _ = operands()
+    w, s = a["weight"], a["weight_scale"]
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: fp4_linear(x, w, s, "nvfp4", None, None), fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match=r"x: expected shape \(\.\.\., K\) with K = 128"):
+        f(torch.randn(3, 64, dtype=torch.bfloat16))
+    with pytest.raises(Exception, match="x: expected dtype"):
+        f(torch.randn(3, 128))
+
+
+def test_import_is_light():
+    code = ("import sys, nvfp4_gemv.linear; "
+            "print(sorted(m for m in sys.modules if m == 'cutlass' or m.startswith(('cutlass.', 'cute_kernels')) "
+            "or m == 'nvfp4_gemv.linear.kernels'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ---------------------------------------------------------------- bad input: ValueError naming the tensor
+
+
+def _misaligned(t):
+    """A contiguous copy of t one element past a 16-byte boundary."""
+    size = t.element_size()
+    buf = torch.zeros(t.numel() * size + 16, dtype=torch.uint8)
+    out = buf[size: size + t.numel() * size].view(t.dtype).view(t.shape)
+    return out.copy_(t)
+
+
+def _bad_cases():
+    """(id, changes to the nvfp4 operands or a whole mxfp4 set, the name the message must start with)."""
+    a, _ = operands()
+    mx, _ = operands("mxfp4")
+    n, k = 130, 128
+    meta = torch.device("meta")
+    return [
+        ("fmt", dict(fmt="nvfp8"), "fmt"),
+        ("layout", dict(scale_layout="blocked"), "scale_layout"),
+        ("mx-swizzled", {**mx, "scale_layout": "swizzled"}, "scale_layout"),
+        ("x-dtype", dict(x=a["x"].float()), "x"),
+        ("x-k", dict(x=a["x"][..., :64]), "x"),
+        ("x-0d", dict(x=torch.tensor(1.0, dtype=torch.bfloat16)), "x"),
+        ("x-type", dict(x=np.zeros((3, k))), "x"),
+        ("x-device", dict(x=a["x"].to(meta)), "x"),
+        ("w-dtype", dict(weight=a["weight"].view(torch.int8)), "weight"),
+        ("w-3d", dict(weight=a["weight"].view(1, n, k // 2)), "weight"),
+        ("w-k", dict(weight=a["weight"][:, :20]), "weight"),
+        ("w-empty", dict(weight=a["weight"][:0]), "weight"),
+        ("w-strides", dict(weight=torch.zeros(k // 2, n, dtype=torch.uint8).t()), "weight"),
+        ("w-type", dict(weight=None), "weight"),
+        ("s-dtype", dict(weight_scale=a["weight_scale"].view(torch.uint8)), "weight_scale"),
+        ("s-shape", dict(weight_scale=a["weight_scale"][:, :4]), "weight_scale"),
+        ("s-swizzled-shape", dict(scale_layout="swizzled"), "weight_scale"),
+        ("s-strides", dict(weight_scale=torch.zeros(k // 16, n, dtype=torch.float8_e4m3fn).t()), "weight_scale"),
+        ("s-device", dict(weight_scale=a["weight_scale"].to(meta)), "weight_scale"),
+        ("mx-s-dtype", {**mx, "weight_scale": mx["weight_scale"].view(torch.float8_e4m3fn)}, "weight_scale"),
+        ("mx-s-shape", {**mx, "weight_scale": a["weight"][:, :8]}, "weight_scale"),
+        ("g-dtype", dict(global_scale=torch.tensor(1.0, dtype=torch.float16)), "global_scale"),
+        ("g-numel", dict(global_scale=torch.ones(2)), "global_scale"),
+        ("g-nan", dict(global_scale=float("nan")), "global_scale"),
+        ("g-inf", dict(global_scale=float("inf")), "global_scale"),
+        ("g-type", dict(global_scale="1"), "global_scale"),
+        ("g-device", dict(global_scale=torch.ones(1, device=meta)), "global_scale"),
+        ("mx-g", {**mx, "global_scale": 1.0}, "global_scale"),
+        ("b-shape", dict(bias=torch.zeros(n + 1, dtype=torch.bfloat16)), "bias"),
+        ("b-dtype", dict(bias=torch.zeros(n, dtype=torch.float16)), "bias"),
+        ("b-strides", dict(bias=torch.zeros(2 * n, dtype=torch.bfloat16)[::2]), "bias"),
+        ("b-device", dict(bias=torch.zeros(n, dtype=torch.bfloat16, device=meta)), "bias"),
+    ]
+
+
+BAD = _bad_cases()
+ALIGN = [("w-align", "weight", "weight"), ("s-align", "weight_scale", "weight_scale")]
+
+
+@pytest.mark.parametrize("case,changes,name", BAD, ids=[c[0] for c in BAD])
+def test_bad_input_names_the_tensor(case, changes, name):
+    a = {**operands()[0], **changes}
+    pattern = rf"^{name}: "
+    with pytest.raises(ValueError, match=pattern):
+        fp4_linear(**a)
+    with pytest.raises(ValueError, match=pattern):
+        validate_linear(a["x"], a["weight"], a["weight_scale"], a["fmt"], a["scale_layout"], a["global_scale"],
+                        a["bias"])
+    with pytest.raises(ValueError, match=pattern):  # the eager CUDA path, on CPU tensors with a stand-in launcher
+        EagerLinear(launch=_fail)(a["x"], a["weight"], a["weight_scale"], a["fmt"], a["global_scale"], a["bias"],
+                                  a["scale_layout"])
+
+
+@pytest.mark.parametrize("case,key,name", ALIGN, ids=[c[0] for c in ALIGN])
+def test_misaligned_weights(case, key, name):
+    """16-byte alignment is the kernels' requirement: checked on the kernel path and by validate_linear on CUDA
+    (or on request); the CPU reference reads any address."""
+    a, _ = operands()
+    a[key] = _misaligned(a[key])
+    assert a[key].data_ptr() % 16
+    with pytest.raises(ValueError, match=rf"^{name}: expected a 16-byte aligned data pointer"):
+        validate_linear(*(a[k] for k in ("x", "weight", "weight_scale", "fmt", "scale_layout", "global_scale",
+                                         "bias")), check_pointers=True)
+    eager = EagerLinear(launch=_reference_launch)
+    good, _ = operands()
+    eager(**_eager_kw(good))  # the signature is cached: the pointer check is per call
+    with pytest.raises(ValueError, match=rf"^{name}: expected a 16-byte aligned"):
+        eager(**_eager_kw(a))
+    assert torch.equal(fp4_linear(**a), linear_reference(**operands()[0]))
+
+
+# ---------------------------------------------------------------- the eager CUDA path with a stand-in launcher
+
+
+def _fail(*args):
+    raise AssertionError("launched on bad input")
+
+
+def _reference_launch(out, x2d, weight_u8, scale_u8, fmt, scale_layout, global_scale, bias):
+    """What kernels.run does, from the reference, after checking the promised argument forms."""
+    assert out.is_contiguous() and x2d.is_contiguous() and x2d.data_ptr() % 16 == 0
+    assert weight_u8.dtype == torch.uint8 and scale_u8.dtype == torch.uint8
+    assert global_scale is None or (global_scale.dtype == torch.float32 and global_scale.numel() == 1)
+    view = {"nvfp4": torch.float8_e4m3fn, "mxfp4": torch.uint8}[fmt]
+    out.copy_(linear_reference(x2d, weight_u8, scale_u8.view(view), fmt, global_scale, bias, scale_layout))
+
+
+def _eager_kw(a):
+    return {k: a[k] for k in ("x", "weight", "weight_scale", "fmt", "global_scale", "bias", "scale_layout")}
+
+
+@pytest.mark.parametrize("fmt,scale_layout", LAYOUTS)
+def test_eager_path_numbers_and_forms(fmt, scale_layout):
+    calls = []
+    eager = EagerLinear(launch=lambda *args: (calls.append(args), _reference_launch(*args)))
+    a, _ = operands(fmt, scale_layout, lead=(2, 3))
+    a["weight"] = a["weight"].view(torch.float4_e2m1fn_x2)
+    y = eager(**_eager_kw(a))
+    assert y.shape == (2, 3, 130) and torch.equal(y, linear_reference(**a))
+    out, x2d, w8, s8, *_ = calls[0]
+    assert w8.data_ptr() == a["weight"].data_ptr() and s8.data_ptr() == a["weight_scale"].data_ptr()  # no copies
+    assert x2d.data_ptr() == a["x"].data_ptr()  # a contiguous, aligned x is not copied either
+    assert y.data_ptr() == out.data_ptr()
+
+
+def test_eager_path_caches_validation_and_scale(monkeypatch):
+    import nvfp4_gemv.linear.op as op
+
+    count = []
+    real = op.validate_linear
+    monkeypatch.setattr(op, "validate_linear", lambda *a, **k: (count.append(1), real(*a, **k))[1])
+    seen = []
+    eager = EagerLinear(launch=lambda *args: (seen.append(args[6]), _reference_launch(*args)))
+    a, _ = operands()
+    for m in (1, 4, 16, 1):  # a new M is not a new signature
+        a["x"] = torch.randn(m, 128).to(torch.bfloat16)
+        assert torch.equal(eager(**_eager_kw(a)), linear_reference(**a))
+    assert len(count) == 1
+    assert all(g is seen[0] for g in seen) and seen[0].tolist() == [0.8125]  # one cached fp32 tensor
+    eager(**_eager_kw({**a, "bias": None}))
+    assert len(count) == 2
+    with pytest.raises(ValueError, match="^global_scale: expected a finite value"):
+        eager(**_eager_kw({**a, "global_scale": float("nan")}))  # a float is checked per call
+
+
+def test_eager_path_copies_only_unfit_x():
+    launched = []
+    eager = EagerLinear(launch=lambda *args: (launched.append(args[1]), _reference_launch(*args)))
+    a, _ = operands()
+    for x in (torch.randn(128, 3).to(torch.bfloat16).t(), _misaligned(torch.randn(3, 128).to(torch.bfloat16))):
+        y = eager(**_eager_kw({**a, "x": x}))
+        assert launched[-1].data_ptr() != x.data_ptr() and torch.equal(y, linear_reference(**{**a, "x": x}))
+    launched.clear()
+    y = eager(**_eager_kw({**a, "x": torch.empty(0, 128, dtype=torch.bfloat16)}))
+    assert y.shape == (0, 130) and not launched  # M = 0: no launch
+
+
+# ---------------------------------------------------------------- FP4Linear
+
+
+@pytest.mark.parametrize("fmt,scale_layout", LAYOUTS)
+def test_module_from_linear(fmt, scale_layout):
+    lin = torch.nn.Linear(192, 70).to(torch.float16)
+    m = FP4Linear.from_linear(lin, fmt, scale_layout)
+    assert (m.in_features, m.out_features, m.fmt, m.scale_layout) == (192, 70, fmt, scale_layout)
+    quantize = quantize_nvfp4 if fmt == "nvfp4" else quantize_mxfp4
+    q, s, g = quantize(lin.weight, scale_layout) if fmt == "nvfp4" else quantize(lin.weight)
+    assert torch.equal(m.weight, q) and torch.equal(m.weight_scale.view(torch.uint8), s.view(torch.uint8))
+    x = torch.randn(2, 5, 192, dtype=torch.float16)
+    y = m(x)
+    assert torch.equal(y, linear_reference(x, q, s, fmt, g, lin.bias.detach(), scale_layout))
+    ref = torch.nn.functional.linear(x.float(), lin.weight.float(), lin.bias.float())
+    assert ((y.float() - ref).norm() / ref.norm()).item() < 0.15  # fp4's quantization error, not a layout bug
+    assert m.path(1) == "reference (cpu)"
+
+
+def test_module_casts_only_the_bias():
+    m = FP4Linear.from_linear(torch.nn.Linear(64, 8).to(torch.bfloat16))
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    m.half()
+    assert m.bias.dtype == torch.float16
+    for name in ("weight", "weight_scale", "global_scale"):
+        assert getattr(m, name).dtype == before[name].dtype and torch.equal(getattr(m, name), before[name])
+    x = torch.randn(3, 64, dtype=torch.float16)
+    assert torch.equal(m(x), linear_reference(x, m.weight, m.weight_scale, "nvfp4", m.global_scale, m.bias))
+
+
+def test_module_new_and_state_dict():
+    m = FP4Linear(128, 40, fmt="mxfp4", dtype=torch.float16)
+    assert m.global_scale is None and m.weight_scale.shape == (40, 4) and m.bias.dtype == torch.float16
+    x = torch.randn(2, 128, dtype=torch.float16)
+    assert torch.equal(m(x), torch.zeros(2, 40, dtype=torch.float16))
+    src = FP4Linear.from_linear(torch.nn.Linear(128, 40).half(), "mxfp4")
+    m.load_state_dict(src.state_dict())
+    assert torch.equal(m(x), src(x))
+    with pytest.raises(ValueError, match="^in_features: expected a positive multiple of 64"):
+        FP4Linear(100, 8)
+    with pytest.raises(ValueError, match="^fmt: "):
+        FP4Linear(64, 8, fmt="int4")
+
+
+def test_module_rejects_bad_tensors_at_construction():
+    q, s, g = quantize_nvfp4(torch.randn(16, 64))
+    with pytest.raises(ValueError, match="^global_scale: expected a finite value"):
+        FP4Linear.from_quantized(q, s, "nvfp4", torch.tensor(float("nan")))
+    with pytest.raises(ValueError, match="^bias: expected shape"):
+        FP4Linear.from_quantized(q, s, "nvfp4", g, torch.zeros(15, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="^dtype: "):
+        FP4Linear.from_quantized(q, s, "nvfp4", g, dtype=torch.float32)
+    m = FP4Linear.from_quantized(q, s, "nvfp4", 0.5)
+    assert m.global_scale.dtype == torch.float32 and m.global_scale.item() == 0.5
+    assert m.weight is q and m.weight_scale is s  # the caller's tensors, not copies
+
+
+# ---------------------------------------------------------------- on the GPU
+
+
+def _cuda(a):
+    return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in a.items()}
+
+
+def _assert_kernel_close(y, a):
+    """The kernel sums in another order than the reference: within fp32 accumulation error plus one rounding."""
+    ref = linear_reference(**a).double()
+    wd = linear_reference(**{**a, "x": a["x"].abs(), "bias": None,
+                             "weight_scale": a["weight_scale"]}).double().abs()  # a scale of |x|·|w|, roughly
+    ulp = 2.0 ** -(8 if a["x"].dtype == torch.bfloat16 else 11)
+    assert ((y.double() - ref).abs() <= 1e-5 * wd + ulp * ref.abs() + 1e-6).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,scale_layout", LAYOUTS)
+@pytest.mark.parametrize("m", [1, 3, 16, 33])
+@pytest.mark.parametrize("n,k", [(130, 2880), (256, 4096), (1, 64)])
+def test_gpu_matches_reference(fmt, scale_layout, m, n, k):
+    a = _cuda(operands(fmt, scale_layout, n=n, k=k, lead=(m,))[0])
+    y = fp4_linear(**a)
+    assert y.is_cuda and y.shape == (m, n)
+    _assert_kernel_close(y, a)
+    assert torch.equal(torch.ops.nvfp4_gemv.fp4_linear(*op_args(a)), y)
+    assert isinstance(FP4Linear.from_quantized(a["weight"], a["weight_scale"], fmt, a["global_scale"], a["bias"],
+                                               scale_layout).path(m), str)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_and_compile():
+    a = _cuda(operands(lead=(4,), n=256, k=512)[0])
+    static_x = a["x"].clone()
+    y0 = fp4_linear(**a)  # warm-up: compiles the kernel and caches the float global scale's tensor
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = fp4_linear(**{**a, "x": static_x})
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_y, y0)
+    static_x.copy_(torch.randn_like(static_x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_y, fp4_linear(**{**a, "x": static_x}))
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: fp4_linear(x, a["weight"], a["weight_scale"], "nvfp4", a["global_scale"],
+                                           a["bias"]), fullgraph=True, mode="reduce-overhead")
+    for _ in range(3):
+        assert torch.equal(f(a["x"]), y0)
