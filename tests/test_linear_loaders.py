@@ -1,0 +1,153 @@
+"""Loaders: safetensors files with the real tensor names, dtypes and shapes, loaded back into FP4Linear modules whose
+outputs are checked against the reference of the original tensors and a float64 numpy decode of the file's bytes."""
+
+import numpy as np
+import pytest
+import torch
+
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from nvfp4_gemv.linear import (  # noqa: E402
+    dequantize,
+    linear_reference,
+    load_compressed_tensors_nvfp4,
+    load_gpt_oss_experts,
+    load_modelopt_nvfp4,
+    quantize_mxfp4,
+    quantize_nvfp4,
+)
+from test_linear_reference import np_dequantize, u8  # noqa: E402
+
+PREFIX = "model.layers.3.mlp.down_proj"
+
+
+def _roundtrip(tmp_path, tensors):
+    path = tmp_path / "model.safetensors"
+    safetensors_torch.save_file(tensors, str(path))
+    return safetensors_torch.load_file(str(path))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("n,k", [(96, 256), (130, 2880)])
+def test_modelopt_nvfp4(tmp_path, bias, n, k):
+    torch.manual_seed(0)
+    q, s, g = quantize_nvfp4(torch.randn(n, k))
+    tensors = {f"{PREFIX}.weight": q, f"{PREFIX}.weight_scale": s, f"{PREFIX}.weight_scale_2": g,
+               f"{PREFIX}.input_scale": torch.tensor(0.01)}
+    if bias:
+        tensors[f"{PREFIX}.bias"] = torch.randn(n).to(torch.bfloat16)
+    assert tensors[f"{PREFIX}.weight_scale_2"].shape == () and g.dtype == torch.float32
+    sd = _roundtrip(tmp_path, tensors)
+    layer = load_modelopt_nvfp4(sd, PREFIX)
+    assert layer.weight.data_ptr() == sd[f"{PREFIX}.weight"].data_ptr()  # the loaded tensor itself
+    assert (layer.in_features, layer.out_features, layer.fmt) == (k, n, "nvfp4")
+    x = torch.randn(2, 3, k).to(torch.bfloat16)
+    b = tensors.get(f"{PREFIX}.bias")
+    y = layer(x)
+    assert torch.equal(y, linear_reference(x, q, s, "nvfp4", g, b))
+    wd = np_dequantize(u8(sd[f"{PREFIX}.weight"]), u8(sd[f"{PREFIX}.weight_scale"]), "nvfp4", "plain",
+                       float(sd[f"{PREFIX}.weight_scale_2"]))
+    y64 = x.double().numpy() @ wd.T + (b.double().numpy() if bias else 0)
+    assert np.allclose(y.double().numpy(), y64, rtol=2**-7, atol=1e-3 * np.abs(y64).max())
+
+
+def test_compressed_tensors_nvfp4(tmp_path):
+    torch.manual_seed(1)
+    n, k = 64, 192
+    q, s, g = quantize_nvfp4(torch.randn(n, k) * 3)
+    stored = (1.0 / g).reshape(1)  # compressed-tensors keeps the reciprocal
+    sd = _roundtrip(tmp_path, {f"{PREFIX}.weight_packed": q, f"{PREFIX}.weight_scale": s,
+                               f"{PREFIX}.weight_global_scale": stored})
+    layer = load_compressed_tensors_nvfp4(sd, PREFIX, dtype=torch.float16)
+    assert layer.bias is None and layer.global_scale.item() == (1.0 / stored).item()
+    assert abs(layer.global_scale.item() / g.item() - 1) < 2**-22
+    x = torch.randn(5, k).to(torch.float16)
+    assert torch.equal(layer(x), linear_reference(x, q, s, "nvfp4", 1.0 / stored))
+    wd = np_dequantize(u8(q), u8(s), "nvfp4", "plain", 1.0 / float(stored))
+    assert np.allclose(dequantize(layer.weight, layer.weight_scale, "nvfp4", "plain", layer.global_scale).numpy(),
+                       wd, rtol=2**-22, atol=0)
+
+
+def test_gpt_oss_experts(tmp_path):
+    """gate_up_proj (E=2, 2·8 rows interleaved) and down_proj (E=2, 8 rows), K = 2880 (45·64), with biases."""
+    torch.manual_seed(2)
+    k, experts = 2880, 2
+    tensors = {}
+    originals = {}
+    for proj, rows in (("gate_up_proj", 16), ("down_proj", 8)):
+        blocks = torch.randint(0, 256, (experts, rows, k // 32, 16), dtype=torch.uint8)
+        scales = torch.randint(118, 134, (experts, rows, k // 32), dtype=torch.uint8)
+        bias = torch.randn(experts, rows).to(torch.bfloat16)
+        prefix = "model.layers.0.mlp.experts"
+        tensors.update({f"{prefix}.{proj}_blocks": blocks, f"{prefix}.{proj}_scales": scales,
+                        f"{prefix}.{proj}_bias": bias})
+        originals[proj] = (blocks, scales, bias)
+    sd = _roundtrip(tmp_path, tensors)
+    x = torch.randn(3, k).to(torch.bfloat16)
+    for proj, (blocks, scales, bias) in originals.items():
+        layers = load_gpt_oss_experts(sd, "model.layers.0.mlp.experts", proj)
+        assert len(layers) == experts
+        loaded = sd[f"model.layers.0.mlp.experts.{proj}_blocks"]
+        rows = blocks.shape[1]
+        outs = []
+        for e, layer in enumerate(layers):
+            # a view of the file's tensor: same storage, expert e's bytes, no copy
+            assert layer.weight.untyped_storage().data_ptr() == loaded.untyped_storage().data_ptr()
+            assert layer.weight.data_ptr() == loaded.data_ptr() + e * rows * k // 2
+            assert layer.weight_scale.data_ptr() == sd[f"model.layers.0.mlp.experts.{proj}_scales"].data_ptr() \
+                + e * rows * k // 32
+            assert (layer.in_features, layer.out_features, layer.fmt) == (k, rows, "mxfp4")
+            y = layer(x)
+            # float64 numpy from the original [E, rows, K/32, 16] bytes: a row's byte j is blocks[e, r, j // 16, j % 16]
+            wd = np_dequantize(blocks[e].reshape(rows, k // 2).numpy(), scales[e].numpy(), "mxfp4")
+            y64 = x.double().numpy() @ wd.T + bias[e].double().numpy()
+            bound = 1e-6 * (np.abs(x.double().numpy()) @ np.abs(wd).T) + 2**-8 * np.abs(y64)
+            assert (np.abs(y.double().numpy() - y64) <= bound).all()
+            outs.append(y)
+        assert not torch.equal(outs[0], outs[1])  # the experts differ: the E index is honoured
+
+
+def test_gpt_oss_from_quantizer_round_trip(tmp_path):
+    """Experts quantized with quantize_mxfp4 and stored in gpt-oss's 4-D form load back to the same linear."""
+    torch.manual_seed(3)
+    k, rows = 128, 8
+    w = [torch.randn(rows, k) for _ in range(2)]
+    qs = [quantize_mxfp4(t) for t in w]
+    blocks = torch.stack([q.view(rows, k // 32, 16) for q, _, _ in qs])
+    scales = torch.stack([s for _, s, _ in qs])
+    sd = _roundtrip(tmp_path, {"experts.down_proj_blocks": blocks, "experts.down_proj_scales": scales})
+    x = torch.randn(4, k).to(torch.bfloat16)
+    for e, layer in enumerate(load_gpt_oss_experts(sd, "experts", "down_proj")):
+        assert layer.bias is None
+        assert torch.equal(layer(x), linear_reference(x, qs[e][0], qs[e][1], "mxfp4"))
+
+
+def test_loader_errors(tmp_path):
+    q, s, g = quantize_nvfp4(torch.randn(32, 64))
+    with pytest.raises(ValueError, match=r"^p\.weight_scale_2: not in the state dict"):
+        load_modelopt_nvfp4({"p.weight": q, "p.weight_scale": s}, "p")
+    with pytest.raises(ValueError, match="^global_scale: expected a finite value, got nan"):
+        load_modelopt_nvfp4({"p.weight": q, "p.weight_scale": s, "p.weight_scale_2": torch.tensor(float("nan"))}, "p")
+    with pytest.raises(ValueError, match="^global_scale: expected a finite value, got inf"):  # 1 / 0
+        load_compressed_tensors_nvfp4({"p.weight_packed": q, "p.weight_scale": s,
+                                       "p.weight_global_scale": torch.zeros(1)}, "p")
+    with pytest.raises(ValueError, match=r"^p\.weight_global_scale: expected one fp32 element"):
+        load_compressed_tensors_nvfp4({"p.weight_packed": q, "p.weight_scale": s,
+                                       "p.weight_global_scale": torch.ones(2)}, "p")
+    with pytest.raises(ValueError, match="^weight_scale: expected shape"):
+        load_modelopt_nvfp4({"p.weight": q, "p.weight_scale": s[:, :2], "p.weight_scale_2": g}, "p")
+    blocks = torch.zeros(2, 8, 4, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="^proj: "):
+        load_gpt_oss_experts({}, "e", "up_proj")
+    with pytest.raises(ValueError, match=r"^e\.down_proj_scales: expected shape \(2, 8, 4\)"):
+        load_gpt_oss_experts({"e.down_proj_blocks": blocks, "e.down_proj_scales": torch.zeros(2, 8, 2)}, "e",
+                             "down_proj")
+    with pytest.raises(ValueError, match=r"^e\.down_proj_blocks: expected shape \(E, rows, K/32, 16\)"):
+        load_gpt_oss_experts({"e.down_proj_blocks": blocks[..., :8], "e.down_proj_scales": torch.zeros(2, 8, 4)},
+                             "e", "down_proj")
+    with pytest.raises(ValueError, match=r"^e\.down_proj_blocks: expected a contiguous tensor"):
+        load_gpt_oss_experts({"e.down_proj_blocks": blocks.transpose(0, 1).contiguous().transpose(0, 1),
+                              "e.down_proj_scales": torch.zeros(2, 8, 4, dtype=torch.uint8)}, "e", "down_proj")
+    with pytest.raises(ValueError, match=r"^e\.down_proj_bias: expected shape \(2, 8\)"):
+        load_gpt_oss_experts({"e.down_proj_blocks": blocks, "e.down_proj_scales": torch.zeros(2, 8, 4),
+                              "e.down_proj_bias": torch.zeros(8)}, "e", "down_proj")
