@@ -18,7 +18,7 @@ import torch
 
 from layouts.closed_form import rest_mk
 from layouts.constants import ATOM_ROWS, ATOM_SF_COLS
-from nvfp4_gemv.linear.formats import ACTIVATION_DTYPES, K_ALIGN, SCALE_LAYOUTS, WEIGHT_DTYPES, Fp4Format, format_of
+from nvfp4_gemv.linear.formats import ACTIVATION_DTYPES, K_ALIGN, WEIGHT_DTYPES, Fp4Format, format_of
 
 PTR_ALIGN = 16  # bytes
 
@@ -93,8 +93,7 @@ def validate_weight(weight, weight_scale, fmt, scale_layout="plain", global_scal
     """Check a quantized weight (weight, weight_scale, global_scale) in format `fmt`; return (N, K, format)."""
     f = format_of(fmt)
     if scale_layout not in f.scale_layouts:
-        allowed = SCALE_LAYOUTS if f.has_global else f.scale_layouts
-        raise ValueError(f"scale_layout: expected one of {allowed} for {f.name}, got {scale_layout!r}")
+        raise ValueError(f"scale_layout: expected one of {f.scale_layouts} for {f.name}, got {scale_layout!r}")
     _tensor("weight", weight, WEIGHT_DTYPES)
     if weight.dim() != 2:
         raise ValueError(f"weight: expected 2 dimensions (N, K/2), got shape {tuple(weight.shape)}")
