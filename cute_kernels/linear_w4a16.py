@@ -28,6 +28,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
+from cutlass.cute.nvgpu import cpasync
 
 from cute_kernels.compile import SmemAllocator, load_atom
 from cute_kernels.ptx import inline_ptx
@@ -51,7 +52,9 @@ class LinearW4A16Config:
     groups: int = 2  # 16-row MMA groups per warp
     row_warps: int = 4  # warps on different rows, same K steps (they share x through L1)
     k_warps: int = 2  # warps on the same rows, interleaved K steps (summed in warp order)
-    unroll: int = 2
+    unroll: int = 2  # unroll of the K-step loop without a ring
+    stages: int = 0  # 0: loads straight to registers; >= 2: a per-thread cp.async ring of W this deep
+    ring_x: bool = False  # x in the ring too (else x goes straight to registers each step)
     bias: bool = False
     global_scale: bool = False
 
@@ -361,34 +364,85 @@ class LinearW4A16:
         return sf.iterator.toint() + Int64(off)
 
     @cute.jit
+    def chunk_sources(self, x_words, w_words, s, rows, toks, c):
+        """The 16-byte global chunks of step s for this thread, in ring order: W (half, group), then x (tile, v)."""
+        cfg = self.cfg
+        wq = s * (STEP_K // 8) + 4 * c  # first W word of this thread
+        xq = s * (STEP_K // 2) + 16 * c  # first x word
+        srcs = []
+        for g in cutlass.range_constexpr(cfg.groups):
+            for h in cutlass.range_constexpr(2):
+                srcs.append(cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)))
+        for t in cutlass.range_constexpr(cfg.token_tiles):
+            for v in cutlass.range_constexpr(4):
+                srcs.append(cute.local_tile(x_words[toks[t], None], (4,), (xq // 4 + v,)))
+        return srcs
+
+    def reg_chunks(self, regs):
+        """The register destinations matching chunk_sources' order."""
+        cfg = self.cfg
+        rW, rX, _ = regs
+        out = [rW[None, h, g] for g in range(cfg.groups) for h in range(2)]
+        out += [cute.local_tile(rX[None, t], (4,), (v,)) for t in range(cfg.token_tiles) for v in range(4)]
+        return out
+
+    @cute.jit
+    def load_scales(self, rS, sf, s, rows, c):
+        cfg = self.cfg
+        for g in cutlass.range_constexpr(cfg.groups):
+            for h in cutlass.range_constexpr(2):
+                addr = self.sf_address(sf, rows[g, h], s, c)
+                if const_expr(cfg.fmt == "nvfp4"):
+                    rS[h, g] = ld_global_nc_u16(addr)
+                else:
+                    rS[h, g] = ld_global_nc_u8(addr)
+
+    @cute.jit
     def load_step(self, regs, x_words, w_words, sf, s, rows, toks, c, live):
-        """Issue the loads of step s: 16 bytes of W and the scales per row, 64 bytes of x per token."""
+        """Load step s into registers: 16 bytes of W and the scales per row, 64 bytes of x per token."""
         cfg = self.cfg
         rW, rX, rS = regs
         atom_w = load_atom(Uint32, 128, l1_no_allocate=True)
         atom_x = load_atom(Uint32, 128)
-        wq = s * (STEP_K // 8) + 4 * c  # first W word of this thread
-        xq = s * (STEP_K // 2) + 16 * c  # first x word
         if live:
-            for g in cutlass.range_constexpr(cfg.groups):
-                for h in cutlass.range_constexpr(2):
-                    row = rows[g, h]
-                    cute.copy(atom_w, cute.local_tile(w_words[row, None], (4,), (wq // 4,)), rW[None, h, g])
-                    addr = self.sf_address(sf, row, s, c)
-                    if const_expr(cfg.fmt == "nvfp4"):
-                        rS[h, g] = ld_global_nc_u16(addr)
-                    else:
-                        rS[h, g] = ld_global_nc_u8(addr)
-            for t in cutlass.range_constexpr(cfg.token_tiles):
-                for v in cutlass.range_constexpr(4):
-                    src = cute.local_tile(x_words[toks[t], None], (4,), (xq // 4 + v,))
-                    cute.copy(atom_x, src, cute.local_tile(rX[None, t], (4,), (v,)))
+            srcs = self.chunk_sources(x_words, w_words, s, rows, toks, c)
+            dsts = self.reg_chunks(regs)
+            for i in cutlass.range_constexpr(len(srcs)):
+                cute.copy(atom_w if i < 2 * cfg.groups else atom_x, srcs[i], dsts[i])
+            self.load_scales(rS, sf, s, rows, c)
         else:
             rW.fill(0)
             rX.fill(0)
             for g in cutlass.range_constexpr(cfg.groups):
                 for h in cutlass.range_constexpr(2):
                     rS[h, g] = Uint32(0x3838)  # any finite scale: the codes are zero
+
+    def ring_chunks(self) -> int:
+        """Chunks a thread keeps in its ring per step: W's, and x's too with ring_x."""
+        return 2 * self.cfg.groups + (4 * self.cfg.token_tiles if self.cfg.ring_x else 0)
+
+    @cute.jit
+    def issue_ring(self, ring, slot, x_words, w_words, s, rows, toks, c, warp, lane):
+        """cp.async step s's chunks into this thread's ring slot (no registers held while they fly)."""
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), Uint32, num_bits_per_copy=128)
+        srcs = self.chunk_sources(x_words, w_words, s, rows, toks, c)
+        for i in cutlass.range_constexpr(self.ring_chunks()):
+            cute.copy(atom, srcs[i], ring[None, i, lane, warp, slot])
+
+    @cute.jit
+    def load_x(self, regs, x_words, w_words, s, rows, toks, c):
+        """x of step s straight to registers (when x is not in the ring)."""
+        srcs = self.chunk_sources(x_words, w_words, s, rows, toks, c)
+        dsts = self.reg_chunks(regs)
+        atom_x = load_atom(Uint32, 128)
+        for i in cutlass.range_constexpr(2 * self.cfg.groups, len(srcs)):
+            cute.copy(atom_x, srcs[i], dsts[i])
+
+    @cute.jit
+    def read_ring(self, ring, slot, regs, warp, lane):
+        dsts = self.reg_chunks(regs)
+        for i in cutlass.range_constexpr(self.ring_chunks()):
+            cute.autovec_copy(ring[None, i, lane, warp, slot], dsts[i])
 
     @cute.jit
     def scale_pairs(self, bits):
@@ -467,15 +521,50 @@ class LinearW4A16:
         for t in cutlass.range_constexpr(cfg.token_tiles):
             toks[t] = cutlass.min(bidy * cfg.tokens_per_cta + 8 * t + r, m - 1)
 
+        smem = SmemAllocator()
+        per_thread = 4 * cfg.groups * cfg.token_tiles
+        red = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, self.warps)), 16)
         acc = cute.make_rmem_tensor(cute.make_layout((4, cfg.groups, cfg.token_tiles)), Float32)
         acc.fill(0.0)
         n_full = k // STEP_K
         my_steps = (n_full - wk + cfg.k_warps - 1) // cfg.k_warps
-        for st in cutlass.range(my_steps, unroll=cfg.unroll):
-            s = wk + st * cfg.k_warps
-            regs = self.make_regs()
-            self.load_step(regs, x_words, w_words, sf, s, rows, toks, c, True)
-            self.compute_step(regs, acc)
+        if const_expr(cfg.stages > 0):
+            # Each thread's own cp.async ring: stages - 1 steps of W and x in flight in shared memory, none in
+            # registers; a thread reads back only what it copied, so no barrier is needed.
+            chunks = self.ring_chunks()
+            ring = smem.allocate_tensor(
+                Uint32,
+                cute.make_layout((4, chunks, 32, self.warps, cfg.stages),
+                                 stride=(1, 128, 4, 128 * chunks, 128 * chunks * self.warps)),
+                16,
+            )
+            for p in cutlass.range_constexpr(cfg.stages - 1):
+                if p < my_steps:
+                    self.issue_ring(ring, p, x_words, w_words, wk + p * cfg.k_warps, rows, toks, c, warp, lane)
+                cute.arch.cp_async_commit_group()
+            ring_regs = self.make_regs()
+            rS_next = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Uint32)
+            if my_steps > 0:
+                self.load_scales(rS_next, sf, wk, rows, c)
+            for i in cutlass.range(my_steps, unroll=1):
+                j = i + cfg.stages - 1
+                if j < my_steps:
+                    self.issue_ring(ring, j % cfg.stages, x_words, w_words, wk + j * cfg.k_warps, rows, toks, c,
+                                    warp, lane)
+                cute.arch.cp_async_commit_group()
+                ring_regs[2].store(rS_next.load())
+                if const_expr(not cfg.ring_x):
+                    self.load_x(ring_regs, x_words, w_words, wk + i * cfg.k_warps, rows, toks, c)
+                if i + 1 < my_steps:
+                    self.load_scales(rS_next, sf, wk + (i + 1) * cfg.k_warps, rows, c)
+                cute.arch.cp_async_wait_group(cfg.stages - 1)
+                self.read_ring(ring, i % cfg.stages, ring_regs, warp, lane)
+                self.compute_step(ring_regs, acc)
+        else:
+            for st in cutlass.range(my_steps, unroll=cfg.unroll):
+                step_regs = self.make_regs()
+                self.load_step(step_regs, x_words, w_words, sf, wk + st * cfg.k_warps, rows, toks, c, True)
+                self.compute_step(step_regs, acc)
         if k % STEP_K != 0:
             # The last 64 K elements: lanes c = 0, 1 hold them; c = 2, 3 multiply zeros.
             if wk == n_full % cfg.k_warps:
@@ -484,9 +573,6 @@ class LinearW4A16:
                 self.compute_step(regs, acc)
 
         # k-warps in warp order through shared memory, then one warp per row slice stores.
-        smem = SmemAllocator()
-        per_thread = 4 * cfg.groups * cfg.token_tiles
-        red = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, self.warps)), 16)
         if const_expr(cfg.k_warps > 1):
             for i in cutlass.range_constexpr(per_thread):
                 red[i, lane, warp] = acc[i]

@@ -91,7 +91,7 @@ class FP4Linear(nn.Module):
         if device.type == "cuda":
             from nvfp4_gemv.linear import kernels
 
-            return kernels.describe(m, self.out_features, self.in_features, self.fmt, dtype, device)
+            return kernels.describe(m, self.out_features, self.in_features, self.fmt, dtype, device, self.scale_layout)
         return f"reference ({device.type})"
 
     def _apply(self, fn, recurse=True):
