@@ -28,7 +28,6 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
-from cutlass.cute.nvgpu import cpasync
 
 from cute_kernels.compile import SmemAllocator, load_atom
 from cute_kernels.ptx import inline_ptx
@@ -49,12 +48,10 @@ class LinearW4A16Config:
     sf_kind: str = "plain"  # nvfp4 scale layout: "plain" (N, K/16) or "permuted" (the 128x4 atom layout)
     x_dtype: str = "bf16"  # activations and output: "bf16" or "fp16"
     token_tiles: int = 1  # 8-token MMA tiles per CTA (1: M <= 8 per CTA, 2: 16)
-    groups: int = 2  # 16-row MMA groups per warp
-    row_warps: int = 4  # warps on different rows, same K steps (they share x through L1)
-    k_warps: int = 2  # warps on the same rows, interleaved K steps (summed in warp order)
-    unroll: int = 2  # unroll of the K-step loop without a ring
-    stages: int = 0  # 0: loads straight to registers; >= 2: a per-thread cp.async ring of W this deep
-    ring_x: bool = False  # x in the ring too (else x goes straight to registers each step)
+    groups: int = 1  # 16-row MMA groups per warp
+    row_warps: int = 1  # warps on different rows, same K steps (they share x through L1)
+    k_warps: int = 8  # warps on the same rows, interleaved K steps (summed in warp order)
+    unroll: int = 1  # unroll of the K-step loop
     bias: bool = False
     global_scale: bool = False
 
@@ -365,7 +362,7 @@ class LinearW4A16:
 
     @cute.jit
     def chunk_sources(self, x_words, w_words, s, rows, toks, c):
-        """The 16-byte global chunks of step s for this thread, in ring order: W (half, group), then x (tile, v)."""
+        """The 16-byte global chunks of step s for this thread: W (half, group), then x (tile, v)."""
         cfg = self.cfg
         wq = s * (STEP_K // 8) + 4 * c  # first W word of this thread
         xq = s * (STEP_K // 2) + 16 * c  # first x word
@@ -416,33 +413,6 @@ class LinearW4A16:
             for g in cutlass.range_constexpr(cfg.groups):
                 for h in cutlass.range_constexpr(2):
                     rS[h, g] = Uint32(0x3838)  # any finite scale: the codes are zero
-
-    def ring_chunks(self) -> int:
-        """Chunks a thread keeps in its ring per step: W's, and x's too with ring_x."""
-        return 2 * self.cfg.groups + (4 * self.cfg.token_tiles if self.cfg.ring_x else 0)
-
-    @cute.jit
-    def issue_ring(self, ring, slot, x_words, w_words, s, rows, toks, c, warp, lane):
-        """cp.async step s's chunks into this thread's ring slot (no registers held while they fly)."""
-        atom = cute.make_copy_atom(cpasync.CopyG2SOp(), Uint32, num_bits_per_copy=128)
-        srcs = self.chunk_sources(x_words, w_words, s, rows, toks, c)
-        for i in cutlass.range_constexpr(self.ring_chunks()):
-            cute.copy(atom, srcs[i], ring[None, i, lane, warp, slot])
-
-    @cute.jit
-    def load_x(self, regs, x_words, w_words, s, rows, toks, c):
-        """x of step s straight to registers (when x is not in the ring)."""
-        srcs = self.chunk_sources(x_words, w_words, s, rows, toks, c)
-        dsts = self.reg_chunks(regs)
-        atom_x = load_atom(Uint32, 128)
-        for i in cutlass.range_constexpr(2 * self.cfg.groups, len(srcs)):
-            cute.copy(atom_x, srcs[i], dsts[i])
-
-    @cute.jit
-    def read_ring(self, ring, slot, regs, warp, lane):
-        dsts = self.reg_chunks(regs)
-        for i in cutlass.range_constexpr(self.ring_chunks()):
-            cute.autovec_copy(ring[None, i, lane, warp, slot], dsts[i])
 
     @cute.jit
     def scale_pairs(self, bits):
@@ -528,43 +498,13 @@ class LinearW4A16:
         acc.fill(0.0)
         n_full = k // STEP_K
         my_steps = (n_full - wk + cfg.k_warps - 1) // cfg.k_warps
-        if const_expr(cfg.stages > 0):
-            # Each thread's own cp.async ring: stages - 1 steps of W and x in flight in shared memory, none in
-            # registers; a thread reads back only what it copied, so no barrier is needed.
-            chunks = self.ring_chunks()
-            ring = smem.allocate_tensor(
-                Uint32,
-                cute.make_layout((4, chunks, 32, self.warps, cfg.stages),
-                                 stride=(1, 128, 4, 128 * chunks, 128 * chunks * self.warps)),
-                16,
-            )
-            for p in cutlass.range_constexpr(cfg.stages - 1):
-                if p < my_steps:
-                    self.issue_ring(ring, p, x_words, w_words, wk + p * cfg.k_warps, rows, toks, c, warp, lane)
-                cute.arch.cp_async_commit_group()
-            ring_regs = self.make_regs()
-            rS_next = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Uint32)
-            if my_steps > 0:
-                self.load_scales(rS_next, sf, wk, rows, c)
-            for i in cutlass.range(my_steps, unroll=1):
-                j = i + cfg.stages - 1
-                if j < my_steps:
-                    self.issue_ring(ring, j % cfg.stages, x_words, w_words, wk + j * cfg.k_warps, rows, toks, c,
-                                    warp, lane)
-                cute.arch.cp_async_commit_group()
-                ring_regs[2].store(rS_next.load())
-                if const_expr(not cfg.ring_x):
-                    self.load_x(ring_regs, x_words, w_words, wk + i * cfg.k_warps, rows, toks, c)
-                if i + 1 < my_steps:
-                    self.load_scales(rS_next, sf, wk + (i + 1) * cfg.k_warps, rows, c)
-                cute.arch.cp_async_wait_group(cfg.stages - 1)
-                self.read_ring(ring, i % cfg.stages, ring_regs, warp, lane)
-                self.compute_step(ring_regs, acc)
-        else:
-            for st in cutlass.range(my_steps, unroll=cfg.unroll):
-                step_regs = self.make_regs()
-                self.load_step(step_regs, x_words, w_words, sf, wk + st * cfg.k_warps, rows, toks, c, True)
-                self.compute_step(step_regs, acc)
+        # Loads go straight to registers, one step at a time. A second register buffer (loads of the next step
+        # in flight) and a per-thread cp.async ring of W in shared memory were both slower on the H200: the kernel
+        # is bound by issue slots and warps in flight, not by bytes in flight (BENCHMARKS.md, "The W4A16 linear").
+        for st in cutlass.range(my_steps, unroll=cfg.unroll):
+            step_regs = self.make_regs()
+            self.load_step(step_regs, x_words, w_words, sf, wk + st * cfg.k_warps, rows, toks, c, True)
+            self.compute_step(step_regs, acc)
         if k % STEP_K != 0:
             # The last 64 K elements: lanes c = 0, 1 hold them; c = 2, 3 multiply zeros.
             if wk == n_full % cfg.k_warps:

@@ -239,11 +239,32 @@ def _check_cpu(shapes, sf_kinds, log) -> int:
 
 # ---- bench -----------------------------------------------------------------------------------------------------
 
+def _cmd_bench_linear(args) -> int:
+    """`bench --linear`: the W4A16 linear against the read, quack and cuBLAS (nvfp4_gemv/linear/bench.py)."""
+    from nvfp4_gemv.linear import bench as LB
+
+    out = args.out
+    out.mkdir(exist_ok=True)
+    if not _has_cuda():
+        print(f"{NO_GPU}: the linear is timed on a GPU only; the weight + scale bytes per shape:")
+        for n, k in LB.SHAPES:
+            print(f"  {n} x {k}: nvfp4 {LB.weight_bytes(n, k, 'nvfp4') / 1e6:.2f} MB, "
+                  f"mxfp4 {LB.weight_bytes(n, k, 'mxfp4') / 1e6:.2f} MB")
+        return 0
+    print(f"host time of the eager op (4096 x 4096, M = 1): {LB.host_time_us():.1f} us a call", flush=True)
+    LB.run(peers=not args.no_baselines, csv_path=out / "linear.csv", plot_path=out / "linear.png",
+           log=lambda s: print(s, flush=True))
+    print(f"wrote {out / 'linear.csv'} and {out / 'linear.png'}")
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from nvfp4_gemv import plots
 
     from nvfp4_gemv.shapes import SUITES
 
+    if args.linear:
+        return _cmd_bench_linear(args)
     log = Progress()
     shapes = args.shapes or list(SUITES[args.suite])
     out = args.out
@@ -378,6 +399,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", type=_out_folder, default="bench-out",
                    help="folder for bench.csv and roofline.png (default: bench-out)")
     b.add_argument("--no-baselines", action="store_true", help="time nvfp4-gemv only")
+    b.add_argument("--linear", action="store_true",
+                   help="the W4A16 linear (bf16 x, NVFP4 and MXFP4 weights, M = 1..16) against the read of its "
+                        "bytes, quack gemm_w4a16 and cuBLAS bf16; writes linear.csv and linear.png")
     b.add_argument("--bandwidth", type=_bandwidth, default=H200_NOMINAL_TBPS, metavar="TB/S",
                    help=f"without a GPU: the bandwidth of the floor table (default: the H200's nominal "
                    f"{H200_NOMINAL_TBPS} TB/s)")

@@ -14,28 +14,41 @@ SCALE_LAYOUTS = {"plain": "plain", "swizzled": "permuted"}  # the linear's names
 _X_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 H200_SMS = 132
 
-# One warp's share of a CTA: `groups` 16-row MMA groups; `row_warps` warps on different rows share x through L1;
-# `k_warps` warps split K inside the CTA. Chosen from an H200 sweep (BENCHMARKS.md, "The W4A16 linear").
-WARPS_PER_SM_TARGET = 24
+# (groups, k_warps) candidates: a warp owns `groups` 16-row MMA groups, and `k_warps` warps of a CTA split K.
+# The kernel is bound by issue slots and warps in flight (62 registers: 32 warps an SM), so the best split on the
+# H200 sweep is the one that fills one wave of resident warps with the most K steps each (BENCHMARKS.md, "The W4A16
+# linear"). On ties, more groups (x is reused across more rows).
+SPLITS = ((2, 1), (1, 1), (1, 2), (2, 2), (2, 4), (1, 4), (2, 8), (1, 8), (1, 16))
+RESIDENT_WARPS_PER_SM = 32
+MIN_STEPS_PER_WARP = 2
+
+
+def choose_split(n: int, k: int, sms: int) -> tuple[int, int]:
+    """(groups, k_warps) for N rows of K: the most warps that fit one resident wave, at least MIN_STEPS_PER_WARP
+    128-K steps each; where none fits (very large N), the fewest warps."""
+    steps = max(1, k // 128)
+    wave = RESIDENT_WARPS_PER_SM * sms
+    best, best_warps = None, -1
+    fewest, fewest_warps = None, None
+    for groups, k_warps in SPLITS:
+        warps = -(-n // (16 * groups)) * k_warps
+        if fewest_warps is None or warps < fewest_warps:
+            fewest, fewest_warps = (groups, k_warps), warps
+        if k_warps > 1 and steps < MIN_STEPS_PER_WARP * k_warps:
+            continue
+        if warps <= wave and (warps > best_warps or (warps == best_warps and groups > best[0])):
+            best, best_warps = (groups, k_warps), warps
+    return best if best is not None else fewest
 
 
 def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str, bias: bool, global_scale: bool,
                sms: int = H200_SMS, **override):
-    """The kernel config for one call shape."""
+    """The kernel config for one call shape: 8 tokens a CTA up to M = 8, else 16; the split from choose_split."""
     from cute_kernels.linear_w4a16 import LinearW4A16Config
 
-    token_tiles = 1 if m <= 8 else 2
-    groups, row_warps = 2, 2
-    rows_per_cta = 16 * groups * row_warps
-    ctas = -(-n // rows_per_cta)
-    # Enough warps in flight: split K inside the CTA until the GPU holds about WARPS_PER_SM_TARGET warps an SM,
-    # keeping at least two 128-K steps per warp.
-    k_warps = 1
-    while (row_warps * k_warps * 2 <= 16 and ctas * row_warps * k_warps * 2 <= WARPS_PER_SM_TARGET * sms
-           and k // 128 >= 4 * k_warps):
-        k_warps *= 2
-    cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles, groups=groups,
-               row_warps=row_warps, k_warps=k_warps, bias=bias, global_scale=global_scale)
+    groups, k_warps = choose_split(n, k, sms)
+    cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=1 if m <= 8 else 2,
+               groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale)
     cfg.update(override)
     return LinearW4A16Config(**cfg)
 

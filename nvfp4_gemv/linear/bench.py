@@ -1,0 +1,160 @@
+"""Benchmark of the W4A16 linear on a CUDA GPU: device time per call against a plain read of the same weight and scale
+bytes, quack's `gemm_w4a16` and cuBLAS bf16 (`F.linear` on a dequantized copy, 4x the bytes), in one run.
+
+Every variant is timed by `nvfp4_gemv.bench.graph_time_us`: one CUDA graph of at least 20 calls cycling over weight
+copies that total more than 256 MB, so no call finds its weights in the 50 MB L2 and the graph launch is spread over
+many calls. The read is `cute_kernels.stream_read` of the weight + scale bytes, timed the same way in the same run.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import torch
+
+from nvfp4_gemv import bench as B
+
+# N x K of decode-time projections: the six the issue measured, then dense and MoE-expert projections of public
+# models (Llama-3 8B/70B, Mixtral, gpt-oss, Qwen3-30B-A3B), K from 768 to 28672.
+SHAPES = (
+    (6144, 4096), (28672, 4096), (4096, 14336), (8192, 28672), (5760, 2880), (4096, 7168),
+    (4096, 4096), (2880, 2880), (1536, 2048), (2048, 768), (14336, 4096), (10240, 8192),
+)  # fmt: skip
+TOKENS = (1, 2, 4, 8, 16)
+FORMATS = ("nvfp4", "mxfp4")
+POOL_BYTES = 256 << 20
+
+
+def weight_bytes(n: int, k: int, fmt: str) -> int:
+    """Bytes the linear must read: fp4 codes plus one scale byte per block (16 or 32 elements)."""
+    return n * k // 2 + n * k // (16 if fmt == "nvfp4" else 32)
+
+
+def random_weights(n: int, k: int, fmt: str, device="cuda"):
+    """Codes over the full e2m1 range with moderate scales (finite outputs for the cuBLAS dequant)."""
+    w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
+    if fmt == "nvfp4":
+        sf = torch.randint(0x28, 0x41, (n, k // 16), dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    else:
+        sf = torch.randint(118, 131, (n, k // 32), dtype=torch.uint8, device=device)
+    return w, sf
+
+
+def _pool(make, nbytes: int):
+    return [make() for _ in range(max(2, -(-POOL_BYTES // nbytes)))]
+
+
+def ours(n, k, m, fmt, dtype=torch.bfloat16):
+    from nvfp4_gemv.linear import fp4_linear
+
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    pool = _pool(lambda: random_weights(n, k, fmt), weight_bytes(n, k, fmt))
+    gs = 0.5 if fmt == "nvfp4" else None
+    return (lambda d: fp4_linear(x, d[0], d[1], fmt, gs)), pool
+
+
+def quack(n, k, m, fmt):
+    from quack.gemm_w4 import gemm_w4a16, prepare_w4_weight
+
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+
+    def make():
+        w, sf = random_weights(n, k, fmt)
+        return prepare_w4_weight(w, sf, wformat=fmt)
+
+    pool = _pool(make, weight_bytes(n, k, fmt))
+    return (lambda d: gemm_w4a16(x, d[0], d[1], wformat=fmt, n_out=n)), pool
+
+
+def cublas(n, k, m):
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    pool = _pool(lambda: torch.randn(n, k, device="cuda").to(torch.bfloat16), 2 * n * k)
+    return (lambda w: torch.nn.functional.linear(x, w)), pool
+
+
+def host_time_us(n=4096, k=4096, m=1) -> float:
+    """Wall µs per eager `fp4_linear` call issued back to back on a small shape (the GPU keeps up: host time)."""
+    from nvfp4_gemv.linear import fp4_linear
+
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    w, sf = random_weights(n, k, "nvfp4")
+    return B.host_cost_us(lambda d: fp4_linear(x, w, sf, "nvfp4", 0.5), None)
+
+
+def _time(factory):
+    try:
+        fn, pool = factory()
+        return B.graph_time_us(fn, pool)
+    except Exception as e:  # a peer that does not run here is reported, not fatal
+        print(f"  ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})")
+        return math.nan
+
+
+def run(shapes=SHAPES, tokens=TOKENS, formats=FORMATS, peers: bool = True, csv_path=None, plot_path=None, log=print):
+    """Time every (shape, M, format); print the table; optionally write CSV and a plot. Returns the rows."""
+    from nvfp4_gemv.linear import kernels
+
+    rows = []
+    log(f"{'N x K':>13} {'M':>3} {'fmt':>5} {'read':>7} {'ours':>7} {'/read':>6} {'quack':>7} {'q/ours':>6} "
+        f"{'cuBLAS':>7} {'c/ours':>6}  config")
+    for n, k in shapes:
+        cub = {m: (_time(lambda: cublas(n, k, m)) if peers else math.nan) for m in tokens}
+        for fmt in formats:
+            read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt)))
+            for m in tokens:
+                t = _time(lambda: ours(n, k, m, fmt))
+                q = _time(lambda: quack(n, k, m, fmt)) if peers else math.nan
+                cfg = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4")
+                desc = f"g{cfg.groups} kw{cfg.k_warps} t{cfg.token_tiles}"
+                row = dict(n=n, k=k, m=m, fmt=fmt, read_us=read, ours_us=t, ratio=t / read, quack_us=q,
+                           quack_over_ours=q / t, cublas_us=cub[m], cublas_over_ours=cub[m] / t, config=desc)
+                rows.append(row)
+                log(f"{n:>6}x{k:<6} {m:>3} {fmt:>5} {read:7.2f} {t:7.2f} {t / read:6.2f} {q:7.2f} {q / t:6.2f} "
+                    f"{cub[m]:7.2f} {cub[m] / t:6.2f}  {desc}")
+    ratios = [r["ratio"] for r in rows if r["ratio"] == r["ratio"]]
+    if ratios:
+        log(f"geomean ours / read: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over {len(ratios)} points")
+    if csv_path:
+        with open(csv_path, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+            wr.writeheader()
+            wr.writerows(rows)
+    if plot_path:
+        plot(rows, plot_path)
+    return rows
+
+
+def plot(rows, path):
+    """Time against M per shape: the read, ours and quack per format, cuBLAS bf16."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({(r["n"], r["k"]) for r in rows}, key=lambda s: s[0] * s[1])
+    cols = 4
+    fig, axes = plt.subplots(-(-len(shapes) // cols), cols, figsize=(4 * cols, 3 * -(-len(shapes) // cols)),
+                             squeeze=False)
+    for ax, (n, k) in zip(axes.flat, shapes):
+        sub = [r for r in rows if (r["n"], r["k"]) == (n, k)]
+        ms = sorted({r["m"] for r in sub})
+        for fmt, style in (("nvfp4", "-"), ("mxfp4", "--")):
+            f = [r for r in sub if r["fmt"] == fmt]
+            if not f:
+                continue
+            ax.plot(ms, [r["read_us"] for r in f], "k" + style, lw=1, label=f"read ({fmt} bytes)")
+            ax.plot(ms, [r["ours_us"] for r in f], "C0" + style, marker="o", label=f"nvfp4-gemv {fmt}")
+            ax.plot(ms, [r["quack_us"] for r in f], "C1" + style, marker="s", label=f"quack {fmt}")
+        ax.plot(ms, [r["cublas_us"] for r in sub if r["fmt"] == sub[0]["fmt"]], "C3:", marker="^", label="cuBLAS bf16")
+        ax.set_title(f"{n} x {k}", fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ms, [str(m) for m in ms])
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("tokens M", fontsize=8)
+        ax.set_ylabel("µs", fontsize=8)
+    for ax in list(axes.flat)[len(shapes):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)

@@ -1,0 +1,192 @@
+"""The W4A16 linear's CuTe DSL kernel (cute_kernels/linear_w4a16.py): PTX facts for sm_90a and sm_100a on the CPU,
+the config choice, and on a GPU the numbers: full-range data against the fp32 reference (error at most twice the
+reference's own rounding to the output dtype), one-hot probes of nibble order, sign and scale indexing per format,
+odd N, K = 2880, M past 16, every split the dispatcher can choose, and bit-identical results over 100 runs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nvfp4_gemv.linear import kernels
+from nvfp4_gemv.linear.reference import dequantize
+
+PTX_CASES = [
+    dict(fmt="nvfp4", x_dtype="bf16"),
+    dict(fmt="nvfp4", x_dtype="fp16", sf_kind="permuted", token_tiles=2, bias=True, global_scale=True),
+    dict(fmt="mxfp4", x_dtype="bf16", groups=2, k_warps=4),
+    dict(fmt="mxfp4", x_dtype="fp16"),
+]
+
+
+@pytest.fixture(scope="module")
+def ptx(tmp_path_factory):
+    cache = {}
+
+    def get(kw, arch):
+        key = (json.dumps(kw, sort_keys=True), arch)
+        if key not in cache:
+            dump = tmp_path_factory.mktemp("ptx")
+            code = (
+                "import json, sys\n"
+                "from cute_kernels.compile import compile_kernel\n"
+                "from cute_kernels.linear_w4a16 import LinearW4A16, LinearW4A16Config\n"
+                f"cfg = LinearW4A16Config(**json.loads({json.dumps(json.dumps(kw))}))\n"
+                f"p = compile_kernel(LinearW4A16, cfg, {arch!r}, stream='torch').__ptx__\n"
+                "sys.stdout.write(open(p).read() if p and p.endswith('.ptx') else p)\n"
+            )
+            env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump))
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+            assert out.returncode == 0, out.stderr[-3000:]
+            cache[key] = out.stdout
+        return cache[key]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("kw", PTX_CASES, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_ptx_facts(ptx, kw, arch):
+    from cute_kernels.linear_w4a16 import LinearW4A16Config
+
+    cfg = LinearW4A16Config(**kw)
+    text = ptx(kw, arch)
+    ab = "bf16" if cfg.mma_dtype == "bf16" else "f16"
+    mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32"
+    # Tensor cores fed from registers; one MMA per (8 codes x 2 rows) per token tile, twice for fp16 x as hi + lo.
+    n_mma = text.count(mma)
+    assert n_mma % (8 * cfg.groups * cfg.token_tiles * (2 if cfg.split_x else 1)) == 0 and n_mma > 0
+    # W streams once: 16-byte loads that skip L1.
+    assert "ld.global.L1::no_allocate.v4" in text
+    # NVFP4 scales through the hardware e4m3 conversion; the f16 path decodes codes through it too.
+    assert ("cvt.rn.f16x2.e4m3x2" in text) == (cfg.fmt == "nvfp4" or cfg.mma_dtype == "fp16")
+    # Deterministic: no float atomics anywhere.
+    for line in text.splitlines():
+        assert not (line.strip().startswith(("atom.", "red.")) and ".f32" in line), line
+
+
+def test_choose_split_fills_one_wave():
+    waves = []
+    for n, k in [(6144, 4096), (28672, 4096), (4096, 14336), (8192, 28672), (5760, 2880), (4096, 7168)]:
+        g, q = kernels.choose_split(n, k, 132)
+        warps = -(-n // (16 * g)) * q
+        assert warps <= kernels.RESIDENT_WARPS_PER_SM * 132
+        assert k // 128 >= kernels.MIN_STEPS_PER_WARP * q
+        waves.append(warps / (kernels.RESIDENT_WARPS_PER_SM * 132))
+    assert min(waves) > 0.5  # every example shape fills at least half a wave
+    assert kernels.choose_split(1, 64, 132) in kernels.SPLITS
+
+
+def test_config_for_token_tiles_and_describe():
+    assert kernels.config_for(8, 4096, 4096, "nvfp4", "plain", "bf16", False, False).token_tiles == 1
+    assert kernels.config_for(9, 4096, 4096, "nvfp4", "swizzled", "fp16", True, True).token_tiles == 2
+    assert kernels.config_for(9, 4096, 4096, "nvfp4", "swizzled", "fp16", True, True).sf_kind == "permuted"
+    text = kernels.describe(40, 4096, 4096, "mxfp4", torch.float16)
+    assert "x as bf16 hi+lo" in text and "token tiles" in text
+
+
+# ---------------------------------------------------------------- on a GPU
+
+E2M1 = [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6]
+
+
+def _operands(n, k, fmt, layout, full=True, seed=0):
+    from test_linear_reference import swizzle
+
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    if fmt == "nvfp4":
+        lo, hi = (0, 0x7E) if full else (0x28, 0x40)  # every finite e4m3 (subnormals included) / moderate
+        plain = torch.randint(lo, hi + 1, (n, k // 16), dtype=torch.uint8, generator=g).view(torch.float8_e4m3fn)
+        scale = swizzle(plain) if layout == "swizzled" else plain
+    else:
+        lo, hi = (90, 165) if full else (118, 130)
+        plain = scale = torch.randint(lo, hi, (n, k // 32), dtype=torch.uint8, generator=g)
+    return w, scale, plain
+
+
+def _run(x, w, scale, fmt, layout, gs=None, bias=None, **override):
+    y = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+    kernels.run(y, x, w.view(torch.uint8), scale.view(torch.uint8), fmt, layout, gs, bias, **override)
+    return y
+
+
+def _check(y, x, w, plain, fmt, gs=None, bias=None):
+    """Max error at most twice the reference's own rounding to the output dtype (plus fp32-accumulation noise)."""
+    wd = dequantize(w.cpu(), plain.cpu(), fmt, "plain", None if gs is None else gs.cpu()).to(x.device)
+    ref32 = x.float() @ wd.T + (0 if bias is None else bias.float())
+    ref_err = (ref32.to(x.dtype).float() - ref32).abs().max().item()
+    err = (y.float() - ref32).abs().max().item()
+    noise = 1e-6 * (x.float().abs() @ wd.abs().T).max().item()
+    assert err <= 2 * ref_err + noise, (err, ref_err, noise)
+
+
+LAYOUTS = [("nvfp4", "plain"), ("nvfp4", "swizzled"), ("mxfp4", "plain")]
+DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("m,n,k", [(1, 256, 1024), (2, 130, 2880), (4, 1000, 4096), (8, 17, 192), (9, 384, 7168),
+                                   (16, 4096, 512), (17, 1, 64), (40, 200, 2048)])
+def test_full_range_against_reference(fmt, layout, dtype, m, n, k):
+    w, scale, plain = _operands(n, k, fmt, layout)
+    x = torch.randn(m, k).to(dtype).cuda()
+    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
+    bias = torch.randn(n).to(dtype).cuda()
+    y = _run(x, w.cuda(), scale.cuda(), fmt, layout, gs, bias)
+    _check(y, x, w.cuda(), plain, fmt, gs, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("groups,k_warps", kernels.SPLITS)
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_every_split(groups, k_warps, fmt):
+    w, scale, plain = _operands(200, 2880, fmt, "plain")
+    x = torch.randn(11, 2880).to(torch.bfloat16).cuda()
+    y = _run(x, w.cuda(), scale.cuda(), fmt, "plain", groups=groups, k_warps=k_warps)
+    _check(y, x, w.cuda(), plain, fmt)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_one_hot_probes(fmt, dtype):
+    """Row r holds one code at k = (7r + 3) % K and scale 2^(r % 5) on its block; token t is one-hot at row t's k:
+    y[t, r] is code · scale when r == t and 0 otherwise, exactly. Every code, both nibbles, every block position."""
+    n, k = 48, 256
+    for code in range(16):
+        w = torch.zeros(n, k // 2, dtype=torch.uint8)
+        ks = [(7 * r + 3 + 16 * code) % k for r in range(n)]
+        for r, kk in enumerate(ks):
+            w[r, kk // 2] = code << (4 * (kk % 2))
+        if fmt == "nvfp4":
+            plain = torch.full((n, k // 16), 0x38, dtype=torch.uint8)  # 1.0
+            for r, kk in enumerate(ks):
+                plain[r, kk // 16] = 0x38 + 8 * (r % 5)  # 2^(r % 5)
+            plain = plain.view(torch.float8_e4m3fn)
+        else:
+            plain = torch.full((n, k // 32), 127, dtype=torch.uint8)
+            for r, kk in enumerate(ks):
+                plain[r, kk // 32] = 127 + r % 5
+        x = torch.zeros(n, k, dtype=dtype)
+        for t, kk in enumerate(ks):
+            x[t, kk] = 1
+        y = _run(x.cuda(), w.cuda(), plain.cuda(), fmt, "plain").float().cpu()
+        want = torch.diag(torch.tensor([E2M1[code] * 2.0 ** (r % 5) for r in range(n)]))
+        assert torch.equal(y, want), (code, (y - want).abs().max())
+
+
+@pytest.mark.gpu
+def test_bit_identical_over_100_runs():
+    w, scale, plain = _operands(4096, 7168, "nvfp4", "plain")
+    x = torch.randn(16, 7168).to(torch.bfloat16).cuda()
+    w, scale = w.cuda(), scale.cuda()
+    first = _run(x, w, scale, "nvfp4", "plain")
+    for _ in range(100):
+        assert torch.equal(_run(x, w, scale, "nvfp4", "plain").view(torch.int16), first.view(torch.int16))
