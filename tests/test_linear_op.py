@@ -45,7 +45,7 @@ def operands(fmt="nvfp4", scale_layout="plain", n=130, k=128, lead=(3,), dtype=t
 def op_args(a):
     g = a["global_scale"]
     if g is not None and not isinstance(g, torch.Tensor):
-        g = torch.tensor([g], dtype=torch.float32)
+        g = torch.tensor([g], dtype=torch.float32, device=a["weight"].device)
     return (a["x"], a["weight"], a["weight_scale"], a["fmt"], a["scale_layout"], g, a["bias"])
 
 

@@ -15,25 +15,36 @@ _X_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 H200_SMS = 132
 
 # (groups, k_warps) candidates: a warp owns `groups` 16-row MMA groups, and `k_warps` warps of a CTA split K.
-# The kernel is bound by issue slots and warps in flight (62 registers: 32 warps an SM), so the best split on the
-# H200 sweep is the one that fills one wave of resident warps with the most K steps each (BENCHMARKS.md, "The W4A16
-# linear"). On ties, more groups (x is reused across more rows).
+# The kernel is bound by issue slots and warps in flight, so the best split on the H200 sweep is the one that fills
+# one wave of resident warps with the most K steps each (BENCHMARKS.md, "The W4A16 linear"). Resident warps come
+# from the registers a config takes (ptxas, sm_90a: 62 / 72 for 1 / 2 groups with one token tile, 76 / 111 with two;
+# allocated in steps of 8). On ties, more groups (x is reused across more rows).
 SPLITS = ((2, 1), (1, 1), (1, 2), (2, 2), (2, 4), (1, 4), (2, 8), (1, 8), (1, 16))
-RESIDENT_WARPS_PER_SM = 32
+REGISTERS = {(1, 1): 64, (2, 1): 72, (1, 2): 80, (2, 2): 112}  # (groups, token_tiles) -> registers a thread
+REGISTER_FILE = 65536
+MAX_WARPS_PER_SM = 64
 MIN_STEPS_PER_WARP = 2
 
 
-def choose_split(n: int, k: int, sms: int) -> tuple[int, int]:
+def resident_warps(groups: int, k_warps: int, token_tiles: int) -> int:
+    """Warps of this config one SM holds at once (register-limited)."""
+    ctas = REGISTER_FILE // (REGISTERS[(groups, token_tiles)] * 32 * k_warps)
+    return min(ctas * k_warps, MAX_WARPS_PER_SM)
+
+
+def choose_split(n: int, k: int, sms: int, token_tiles: int = 1) -> tuple[int, int]:
     """(groups, k_warps) for N rows of K: the most warps that fit one resident wave, at least MIN_STEPS_PER_WARP
-    128-K steps each; where none fits (very large N), the fewest warps."""
+    128-K steps each; where none fits (very large N), the one with the fewest waves."""
     steps = max(1, k // 128)
-    wave = RESIDENT_WARPS_PER_SM * sms
     best, best_warps = None, -1
-    fewest, fewest_warps = None, None
+    fewest, fewest_waves = None, None
     for groups, k_warps in SPLITS:
+        wave = resident_warps(groups, k_warps, token_tiles) * sms
+        if wave == 0:
+            continue
         warps = -(-n // (16 * groups)) * k_warps
-        if fewest_warps is None or warps < fewest_warps:
-            fewest, fewest_warps = (groups, k_warps), warps
+        if fewest_waves is None or warps / wave < fewest_waves:
+            fewest, fewest_waves = (groups, k_warps), warps / wave
         if k_warps > 1 and steps < MIN_STEPS_PER_WARP * k_warps:
             continue
         if warps <= wave and (warps > best_warps or (warps == best_warps and groups > best[0])):
@@ -46,8 +57,9 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     """The kernel config for one call shape: 8 tokens a CTA up to M = 8, else 16; the split from choose_split."""
     from cute_kernels.linear_w4a16 import LinearW4A16Config
 
-    groups, k_warps = choose_split(n, k, sms)
-    cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=1 if m <= 8 else 2,
+    token_tiles = 1 if m <= 8 else 2
+    groups, k_warps = choose_split(n, k, sms, token_tiles)
+    cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale)
     cfg.update(override)
     return LinearW4A16Config(**cfg)
@@ -90,17 +102,26 @@ def _capability(device) -> tuple[int, int]:
     return idx, cap
 
 
+_PLANS: dict = {}  # (device, M <= 8, N, K, fmt, layout, x dtype, bias?, global scale?) -> (fn, gs, bias)
+
+
 def run(out2d, x2d, weight_u8, scale_u8, fmt, scale_layout, global_scale, bias, **override) -> None:
-    """out2d[M, N] = x2d · dequant(W)ᵀ (+ bias), on torch's current stream. Operands already validated."""
+    """out2d[M, N] = x2d · dequant(W)ᵀ (+ bias), on torch's current stream. Operands already validated. A call
+    costs one dict lookup and the TVM-FFI launch; the config is chosen and compiled on the first call of its key."""
     m, k = x2d.shape
     n = weight_u8.shape[0]
-    idx, cap = _capability(x2d.device)
-    cfg = config_for(m, n, k, fmt, scale_layout, _X_DTYPES[x2d.dtype], bias is not None, global_scale is not None,
-                     sm_count(idx), **override)
-    fn = _function(cfg, cap)
-    gs = global_scale if global_scale is not None else _dummy(x2d.device, torch.float32)
-    b = bias if bias is not None else _dummy(x2d.device, x2d.dtype)
-    fn(x2d, weight_u8, scale_u8, out2d, gs, b)
+    key = (x2d.device, m <= 8, n, k, fmt, scale_layout, x2d.dtype, bias is None, global_scale is None)
+    plan = None if override else _PLANS.get(key)
+    if plan is None:
+        idx, cap = _capability(x2d.device)
+        cfg = config_for(m, n, k, fmt, scale_layout, _X_DTYPES[x2d.dtype], bias is not None,
+                         global_scale is not None, sm_count(idx), **override)
+        plan = (_function(cfg, cap), _dummy(x2d.device, torch.float32), _dummy(x2d.device, x2d.dtype))
+        if not override:
+            _PLANS[key] = plan
+    fn, gs_dummy, bias_dummy = plan
+    fn(x2d, weight_u8, scale_u8, out2d, gs_dummy if global_scale is None else global_scale,
+       bias_dummy if bias is None else bias)
 
 
 def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layout: str = "plain") -> str:
