@@ -69,16 +69,70 @@ def test_ptx_facts(ptx, kw, arch):
         assert not (line.strip().startswith(("atom.", "red.")) and ".f32" in line), line
 
 
-def test_choose_split_fills_one_wave():
+@pytest.mark.parametrize("token_tiles", [1, 2])
+def test_choose_split_fills_one_wave(token_tiles):
     waves = []
     for n, k in [(6144, 4096), (28672, 4096), (4096, 14336), (8192, 28672), (5760, 2880), (4096, 7168)]:
-        g, q = kernels.choose_split(n, k, 132)
+        g, q = kernels.choose_split(n, k, 132, token_tiles)
         warps = -(-n // (16 * g)) * q
-        assert warps <= kernels.RESIDENT_WARPS_PER_SM * 132
+        wave = kernels.resident_warps(g, q, token_tiles) * 132
+        assert warps <= wave
         assert k // 128 >= kernels.MIN_STEPS_PER_WARP * q
-        waves.append(warps / (kernels.RESIDENT_WARPS_PER_SM * 132))
+        waves.append(warps / wave)
     assert min(waves) > 0.5  # every example shape fills at least half a wave
     assert kernels.choose_split(1, 64, 132) in kernels.SPLITS
+    # The register file bounds resident warps: two groups with 16 warps a CTA hold one CTA (16 warps) an SM.
+    assert kernels.resident_warps(2, 8, 1) == 24 and kernels.resident_warps(1, 8, 1) == 32
+
+
+@pytest.mark.slow
+def test_register_table_matches_ptxas(tmp_path):
+    """kernels.REGISTERS bounds what ptxas gives each (groups, token_tiles) for sm_90a (k_warps 4 and 8, rounded up
+    to the allocation step of 8), and is reached by one of them: the resident-warp model is neither loose nor short."""
+    for (g, t), table in kernels.REGISTERS.items():
+        allocated = []
+        for kw in (4, 8):
+            dump = tmp_path / f"g{g}t{t}kw{kw}"
+            dump.mkdir()
+            code = (
+                "from cute_kernels.compile import compile_kernel\n"
+                "from cute_kernels.linear_w4a16 import LinearW4A16, LinearW4A16Config\n"
+                f"compile_kernel(LinearW4A16, LinearW4A16Config(groups={g}, token_tiles={t}, k_warps={kw}), "
+                "'sm_90a')\n"
+            )
+            env = dict(os.environ, CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(dump))
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+            assert out.returncode == 0, out.stderr[-3000:]
+            (cubin,) = dump.glob("*.cubin")
+            (regs,) = _elf_register_counts(cubin.read_bytes())
+            allocated.append(-(-regs // 8) * 8)
+        assert max(allocated) == table, ((g, t), allocated, table)
+
+
+def _elf_register_counts(data: bytes):
+    """EIATTR_REGCOUNT (0x2f) values of a cubin's .nv.info sections."""
+    import struct
+
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    strtab = secs[shstrndx][4]
+    counts = []
+    for sec in secs:
+        name = data[strtab + sec[0] : data.index(b"\0", strtab + sec[0])].decode()
+        if not name.startswith(".nv.info"):
+            continue
+        p, end = sec[4], sec[4] + sec[5]
+        while p + 4 <= end:
+            fmt, attr = data[p], data[p + 1]
+            size = struct.unpack_from("<H", data, p + 2)[0]
+            if fmt == 4:
+                if attr == 0x2F:
+                    counts.append(struct.unpack_from("<II", data, p + 4)[1])
+                p += 4 + size
+            else:
+                p += 4
+    return counts
 
 
 def test_config_for_token_tiles_and_describe():

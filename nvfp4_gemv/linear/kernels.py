@@ -17,10 +17,10 @@ H200_SMS = 132
 # (groups, k_warps) candidates: a warp owns `groups` 16-row MMA groups, and `k_warps` warps of a CTA split K.
 # The kernel is bound by issue slots and warps in flight, so the best split on the H200 sweep is the one that fills
 # one wave of resident warps with the most K steps each (BENCHMARKS.md, "The W4A16 linear"). Resident warps come
-# from the registers a config takes (ptxas, sm_90a: 62 / 72 for 1 / 2 groups with one token tile, 76 / 111 with two;
-# allocated in steps of 8). On ties, more groups (x is reused across more rows).
+# from the registers a config takes (ptxas for sm_90a, allocated in steps of 8; tests/test_linear_kernel.py checks
+# the table). On ties, more groups (x is reused across more rows).
 SPLITS = ((2, 1), (1, 1), (1, 2), (2, 2), (2, 4), (1, 4), (2, 8), (1, 8), (1, 16))
-REGISTERS = {(1, 1): 64, (2, 1): 72, (1, 2): 80, (2, 2): 112}  # (groups, token_tiles) -> registers a thread
+REGISTERS = {(1, 1): 64, (2, 1): 72, (1, 2): 80, (2, 2): 128}  # (groups, token_tiles) -> registers a thread
 REGISTER_FILE = 65536
 MAX_WARPS_PER_SM = 64
 MIN_STEPS_PER_WARP = 2
