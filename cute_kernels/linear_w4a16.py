@@ -54,6 +54,7 @@ class LinearW4A16Config:
     unroll: int = 1  # unroll of the K-step loop
     bias: bool = False
     global_scale: bool = False
+    sf_dtype: str = "u8"  # the scale tensor's element type as passed: "u8" or (nvfp4) "e4m3", so no view per call
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -68,6 +69,8 @@ class LinearW4A16Config:
             raise ValueError(f"row_warps * k_warps must be in 1..16, got {self}")
         if self.fmt == "mxfp4" and self.global_scale:
             raise ValueError("mxfp4 has no global scale")
+        if self.sf_dtype not in ("u8", "e4m3") or (self.sf_dtype == "e4m3" and self.fmt != "nvfp4"):
+            raise ValueError(f"sf_dtype must be 'u8' or (nvfp4) 'e4m3', got {self.sf_dtype!r} for {self.fmt}")
 
     @property
     def mma_dtype(self) -> str:
@@ -96,6 +99,9 @@ class LinearW4A16Config:
         if self.fmt == "mxfp4":
             return 1.0
         return 1.0 if self.mma_dtype == "fp16" else 2.0**8
+
+
+SF_DTYPES = {"u8": Uint8, "e4m3": cutlass.Float8E4M3FN}  # read as bytes either way
 
 
 # ---------------------------------------------------------------- device helpers
@@ -306,7 +312,7 @@ class LinearW4A16:
             rows, cols = cute.sym_int(divisibility=128), cute.sym_int(divisibility=4)
         else:
             rows, cols = n, cute.sym_int(divisibility=2)
-        sf = make_fake_tensor(Uint8, (rows, cols), stride=(cols, 1), assumed_align=16)
+        sf = make_fake_tensor(SF_DTYPES[config.sf_dtype], (rows, cols), stride=(cols, 1), assumed_align=16)
         y = make_fake_tensor(xdt, (m, n), stride=(cute.sym_int(), 1), assumed_align=2)
         gs = make_fake_tensor(Float32, (1,), stride=(1,), assumed_align=4)
         bias = make_fake_tensor(xdt, (cute.sym_int(),), stride=(1,), assumed_align=2)
@@ -333,9 +339,10 @@ class LinearW4A16:
             cute.recast_ptr(mW.iterator, dtype=Uint32), cute.make_layout((n, k // 8), stride=(k // 8, 1))
         )
         if const_expr(cfg.fmt == "nvfp4"):
-            sf = cute.make_tensor(mSF.iterator, sf_layout_by_col(cfg.sf_kind, n, k, 1))
+            sf = cute.make_tensor(cute.recast_ptr(mSF.iterator, dtype=Uint8), sf_layout_by_col(cfg.sf_kind, n, k, 1))
         else:
-            sf = cute.make_tensor(mSF.iterator, cute.make_layout((n, k // MX_VEC), stride=(k // MX_VEC, 1)))
+            sf = cute.make_tensor(cute.recast_ptr(mSF.iterator, dtype=Uint8),
+                                  cute.make_layout((n, k // MX_VEC), stride=(k // MX_VEC, 1)))
         grid = [(n + cfg.rows_per_cta - 1) // cfg.rows_per_cta, (m + cfg.tokens_per_cta - 1) // cfg.tokens_per_cta, 1]
         call = self.kernel(x_words, w_words, sf, mY, mGS, mBias, m, n, k)
         return call, dict(grid=grid, block=[32 * self.warps, 1, 1])

@@ -16,7 +16,7 @@ from nvfp4_gemv.linear.reference import dequantize
 
 PTX_CASES = [
     dict(fmt="nvfp4", x_dtype="bf16"),
-    dict(fmt="nvfp4", x_dtype="fp16", sf_kind="permuted", token_tiles=2, bias=True, global_scale=True),
+    dict(fmt="nvfp4", x_dtype="fp16", sf_kind="permuted", token_tiles=2, bias=True, global_scale=True, sf_dtype="e4m3"),
     dict(fmt="mxfp4", x_dtype="bf16", groups=2, k_warps=4),
     dict(fmt="mxfp4", x_dtype="fp16"),
 ]

@@ -241,9 +241,11 @@ def _fail(*args):
 
 
 def _reference_launch(out, x2d, weight_u8, scale_u8, fmt, scale_layout, global_scale, bias):
-    """What kernels.run does, from the reference, after checking the promised argument forms."""
+    """What kernels.run does, from the reference, after checking the promised argument forms (uint8 weights;
+    scales as uint8 or, for NVFP4, float8_e4m3fn)."""
     assert out.is_contiguous() and x2d.is_contiguous() and x2d.data_ptr() % 16 == 0
-    assert weight_u8.dtype == torch.uint8 and scale_u8.dtype == torch.uint8
+    assert weight_u8.dtype == torch.uint8
+    assert scale_u8.dtype in ((torch.uint8, torch.float8_e4m3fn) if fmt == "nvfp4" else (torch.uint8,))
     assert global_scale is None or (global_scale.dtype == torch.float32 and global_scale.numel() == 1)
     view = {"nvfp4": torch.float8_e4m3fn, "mxfp4": torch.uint8}[fmt]
     out.copy_(linear_reference(x2d, weight_u8, scale_u8.view(view), fmt, global_scale, bias, scale_layout))

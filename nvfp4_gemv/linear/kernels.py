@@ -12,6 +12,7 @@ from cute_kernels.tc_workspace import sm_count
 
 SCALE_LAYOUTS = {"plain": "plain", "swizzled": "permuted"}  # the linear's names -> the kernel's sf_kind
 _X_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_SF_DTYPES = {torch.uint8: "u8", torch.float8_e4m3fn: "e4m3"}
 H200_SMS = 132
 
 # (groups, k_warps) candidates: a warp owns `groups` 16-row MMA groups, and `k_warps` warps of a CTA split K.
@@ -105,22 +106,25 @@ def _capability(device) -> tuple[int, int]:
 _PLANS: dict = {}  # (device, M <= 8, N, K, fmt, layout, x dtype, bias?, global scale?) -> (fn, gs, bias)
 
 
-def run(out2d, x2d, weight_u8, scale_u8, fmt, scale_layout, global_scale, bias, **override) -> None:
-    """out2d[M, N] = x2d · dequant(W)ᵀ (+ bias), on torch's current stream. Operands already validated. A call
-    costs one dict lookup and the TVM-FFI launch; the config is chosen and compiled on the first call of its key."""
+def run(out2d, x2d, weight_u8, scale, fmt, scale_layout, global_scale, bias, **override) -> None:
+    """out2d[M, N] = x2d · dequant(W)ᵀ (+ bias), on torch's current stream. Operands already validated; the scales
+    may be uint8 or (NVFP4) float8_e4m3fn, read as bytes either way. A call costs one dict lookup and
+    the TVM-FFI launch; the config is chosen and compiled on the first call of its key."""
     m, k = x2d.shape
     n = weight_u8.shape[0]
-    key = (x2d.device, m <= 8, n, k, fmt, scale_layout, x2d.dtype, bias is None, global_scale is None)
+    key = (x2d.device, m <= 8, n, k, fmt, scale_layout, x2d.dtype, scale.dtype, bias is None, global_scale is None)
     plan = None if override else _PLANS.get(key)
+    tuned = bool(override)
     if plan is None:
         idx, cap = _capability(x2d.device)
+        override.setdefault("sf_dtype", _SF_DTYPES[scale.dtype])
         cfg = config_for(m, n, k, fmt, scale_layout, _X_DTYPES[x2d.dtype], bias is not None,
                          global_scale is not None, sm_count(idx), **override)
         plan = (_function(cfg, cap), _dummy(x2d.device, torch.float32), _dummy(x2d.device, x2d.dtype))
-        if not override:
+        if not tuned:
             _PLANS[key] = plan
     fn, gs_dummy, bias_dummy = plan
-    fn(x2d, weight_u8, scale_u8, out2d, gs_dummy if global_scale is None else global_scale,
+    fn(x2d, weight_u8, scale, out2d, gs_dummy if global_scale is None else global_scale,
        bias_dummy if bias is None else bias)
 
 

@@ -33,11 +33,14 @@ def _meta(t):
     return type(t)
 
 
+_KERNEL_SF_DTYPES = (torch.uint8, torch.float8_e4m3fn)  # scale dtypes the kernel takes as they are (no view)
+
+
 class EagerLinear:
     """The eager CUDA path: validation cached per metadata signature, then one allocation (y) and one launch.
 
     `launch` is `nvfp4_gemv.linear.kernels.run` (imported on first use) or, in tests, a stand-in with its
-    signature `(out2d, x2d, weight_u8, scale_u8, fmt, scale_layout, global_scale, bias)`. A signature holds the
+    signature `(out2d, x2d, weight_u8, scale, fmt, scale_layout, global_scale, bias)`. A signature holds the
     format, layout, x's dtype, device and K, and the dtype, shape, strides and device of every other tensor (a
     float global_scale only as "a float": its finiteness is checked per call). M is not in it, so a new number of
     tokens costs no validation. Per call: the alignment of weight and weight_scale (their addresses are not in
@@ -90,7 +93,8 @@ class EagerLinear:
         out = torch.empty((m, n), dtype=x.dtype, device=device)
         if m:
             self.launcher()(out, x2d, weight if weight.dtype == torch.uint8 else weight.view(torch.uint8),
-                            weight_scale.view(torch.uint8), fmt, scale_layout, global_scale, bias)
+                            weight_scale if weight_scale.dtype in _KERNEL_SF_DTYPES else weight_scale.view(torch.uint8),
+                            fmt, scale_layout, global_scale, bias)
         return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
 
