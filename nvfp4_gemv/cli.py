@@ -251,7 +251,8 @@ def _cmd_bench_linear(args) -> int:
             print(f"  {n} x {k}: nvfp4 {LB.weight_bytes(n, k, 'nvfp4') / 1e6:.2f} MB, "
                   f"mxfp4 {LB.weight_bytes(n, k, 'mxfp4') / 1e6:.2f} MB")
         return 0
-    print(f"host time of the eager op (4096 x 4096, M = 1): {LB.host_time_us():.1f} us a call", flush=True)
+    print("host time a call (4096 x 4096, M = 1, calls back to back):", flush=True)
+    LB.host_table(log=lambda s: print(s, flush=True))
     LB.run(peers=not args.no_baselines, csv_path=out / "linear.csv", plot_path=out / "linear.png",
            log=lambda s: print(s, flush=True))
     print(f"wrote {out / 'linear.csv'} and {out / 'linear.png'}")

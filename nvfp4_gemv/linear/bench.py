@@ -73,13 +73,33 @@ def cublas(n, k, m):
     return (lambda w: torch.nn.functional.linear(x, w)), pool
 
 
-def host_time_us(n=4096, k=4096, m=1) -> float:
-    """Wall µs per eager `fp4_linear` call issued back to back on a small shape (the GPU keeps up: host time)."""
-    from nvfp4_gemv.linear import fp4_linear
+def host_table(n=4096, k=4096, m=1, log=print) -> dict:
+    """Wall µs per call, issued back to back on a small shape (the GPU keeps up: host time), of the eager op and
+    of what it is made of: the launch alone, the raw TVM-FFI function, the output allocation; torch's own
+    `F.linear` on a tiny bf16 shape beside them for scale."""
+    from nvfp4_gemv.linear import fp4_linear, kernels
 
     x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     w, sf = random_weights(n, k, "nvfp4")
-    return B.host_cost_us(lambda d: fp4_linear(x, w, sf, "nvfp4", 0.5), None)
+    gs = torch.full((1,), 0.5, device="cuda")
+    fp4_linear(x, w, sf, "nvfp4", 0.5)
+    kernels.run(y, x, w, sf, "nvfp4", "plain", gs, None)
+    fn, _, bias_dummy = kernels._PLANS[(x.device, m <= 8, n, k, "nvfp4", "plain", x.dtype, sf.dtype, True, False)]
+    xs = torch.randn(1, 256, device="cuda").to(torch.bfloat16)
+    ws = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
+    rows = {
+        "fp4_linear (eager op)": lambda d: fp4_linear(x, w, sf, "nvfp4", 0.5),
+        "kernels.run (plan lookup + launch)": lambda d: kernels.run(y, x, w, sf, "nvfp4", "plain", gs, None),
+        "raw TVM-FFI function": lambda d: fn(x, w, sf, y, gs, bias_dummy),
+        "torch.empty of y": lambda d: torch.empty((m, n), dtype=torch.bfloat16, device="cuda"),
+        "F.linear, 1 x 256 x 256 bf16": lambda d: torch.nn.functional.linear(xs, ws),
+    }
+    out = {}
+    for name, fn_ in rows.items():
+        out[name] = B.host_cost_us(fn_, None)
+        log(f"  host {name}: {out[name]:.1f} us a call")
+    return out
 
 
 def _time(factory):
