@@ -195,21 +195,13 @@ def split_f16x2_to_bf16x2(h2, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def ld_global_nc_u16(addr, *, loc=None, ip=None) -> Uint32:
+def ld_global_nc(addr, bits: int, *, loc=None, ip=None) -> Uint32:
+    """`ld.global.nc.u8` / `.u16` at a byte address, zero-extended (a block scale or two)."""
     return Uint32(
         inline_ptx(
             T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
-            "{\n\t.reg .b16 s;\n\tld.global.nc.u16 s, [$1];\n\tcvt.u32.u16 $0, s;\n\t}", "=r,l", loc=loc, ip=ip,
-        )
-    )  # fmt: skip
-
-
-@dsl_user_op
-def ld_global_nc_u8(addr, *, loc=None, ip=None) -> Uint32:
-    return Uint32(
-        inline_ptx(
-            T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
-            "{\n\t.reg .b16 s;\n\tld.global.nc.u8 s, [$1];\n\tcvt.u32.u16 $0, s;\n\t}", "=r,l", loc=loc, ip=ip,
+            f"{{\n\t.reg .b16 s;\n\tld.global.nc.u{bits} s, [$1];\n\tcvt.u32.u16 $0, s;\n\t}}", "=r,l",
+            loc=loc, ip=ip,
         )
     )  # fmt: skip
 
@@ -396,10 +388,7 @@ class LinearW4A16:
         for g in cutlass.range_constexpr(cfg.groups):
             for h in cutlass.range_constexpr(2):
                 addr = self.sf_address(sf, rows[g, h], s, c)
-                if const_expr(cfg.fmt == "nvfp4"):
-                    rS[h, g] = ld_global_nc_u16(addr)
-                else:
-                    rS[h, g] = ld_global_nc_u8(addr)
+                rS[h, g] = ld_global_nc(addr, 16 if cfg.fmt == "nvfp4" else 8)
 
     @cute.jit
     def load_step(self, regs, x_words, w_words, sf, s, rows, toks, c, live):
