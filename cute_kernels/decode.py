@@ -16,7 +16,7 @@ from cutlass import Float32, Int32, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from cute_kernels.ptx import inline_ptx
+from cute_kernels.ptx import asm_u32, inline_ptx
 
 # 2·|e2m1| for codes 0..7 (0, 0.5, 1, 1.5, 2, 3, 4, 6), one byte each, as prmt's 8-byte table.
 E2M1X2_LUT_LO = 0x03020100
@@ -28,11 +28,6 @@ BYTE_BIAS = 0x80808080
 # so bits(v + MAGIC) - 1.5·2²³ is float(v) in one IADD and one FADD (full-rate pipes) instead of an I2F.
 MAGIC_BITS = 0x4B400000
 MAGIC = 12582912.0
-
-
-def _asm_u32(args, asm: str, constraints: str, loc=None, ip=None) -> Uint32:
-    operands = [Uint32(a).ir_value(loc=loc, ip=ip) for a in args]
-    return Uint32(inline_ptx(T.i32(), operands, asm, constraints, loc=loc, ip=ip))
 
 
 def lut_registers(arch: str, slot):
@@ -64,31 +59,30 @@ def _ld_shared_volatile(addr, *, loc=None, ip=None) -> Uint32:
 @dsl_user_op
 def prmt(lo, hi, sel, *, loc=None, ip=None) -> Uint32:
     """`prmt.b32`: four bytes of {hi:lo} chosen by the four low selector nibbles of `sel` (one PRMT)."""
-    return _asm_u32([lo, hi, sel], "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", loc, ip)
+    return asm_u32([lo, hi, sel], "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", loc, ip)
 
 
 @dsl_user_op
 def dp4a(a, b, c, *, loc=None, ip=None) -> Int32:
     """`dp4a.s32.s32`: c + the dot product of the four signed bytes of a and b (one IDP.4A)."""
-    return Int32(_asm_u32([a, b, c], "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", loc, ip))
+    return Int32(asm_u32([a, b, c], "dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", loc, ip))
+
+
+@dsl_user_op
+def e4m3x2_to_f16x2(pair, *, loc=None, ip=None) -> Uint32:
+    """Two e4m3 bytes (low 16 bits of `pair`, the first in the low byte) to f16x2 (`cvt.rn.f16x2.e4m3x2`, sm_89
+    and later, sm_90 included): every finite e4m3 value, subnormals included, is exact in f16, and NaN stays NaN."""
+    return asm_u32(
+        [pair], "{\n\t.reg .b16 s;\n\tcvt.u16.u32 s, $1;\n\tcvt.rn.f16x2.e4m3x2 $0, s;\n\t}", "=r,r", loc, ip
+    )
 
 
 @dsl_user_op
 def e4m3x2_to_f32x2(pair, *, loc=None, ip=None):
-    """Two e4m3 bytes (low 16 bits of `pair`, first scale in the low byte) to two exact fp32 values.
-
-    `cvt.rn.f16x2.e4m3x2` exists on sm_89 and later (sm_90 included); every finite e4m3 value, subnormals
-    included, is exact in f16, and NaN stays NaN.
-    """
-    h2 = _asm_u32(
-        [pair],
-        "{\n\t.reg .b16 s;\n\tcvt.u16.u32 s, $1;\n\tcvt.rn.f16x2.e4m3x2 $0, s;\n\t}",
-        "=r,r",
-        loc,
-        ip,
-    )
-    lo = _asm_u32([h2], "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 $0, l;\n\t}", "=r,r", loc, ip)
-    hi = _asm_u32([h2], "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 $0, h;\n\t}", "=r,r", loc, ip)
+    """Two e4m3 bytes (low 16 bits of `pair`, first scale in the low byte) to two exact fp32 values."""
+    h2 = e4m3x2_to_f16x2(pair, loc=loc, ip=ip)
+    lo = asm_u32([h2], "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 $0, l;\n\t}", "=r,r", loc, ip)
+    hi = asm_u32([h2], "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 $0, h;\n\t}", "=r,r", loc, ip)
     return (
         Float32(llvm.bitcast(T.f32(), lo.ir_value(loc=loc, ip=ip), loc=loc, ip=ip)),
         Float32(llvm.bitcast(T.f32(), hi.ir_value(loc=loc, ip=ip), loc=loc, ip=ip)),
@@ -98,7 +92,7 @@ def e4m3x2_to_f32x2(pair, *, loc=None, ip=None):
 @dsl_user_op
 def e2m1x2_to_f16x2(byte_word, *, loc=None, ip=None) -> Uint32:
     """`cvt.rn.f16x2.e2m1x2` (sm_100a and later): the low byte's two codes to f16x2, even element in the low half."""
-    return _asm_u32(
+    return asm_u32(
         [byte_word],
         "{\n\t.reg .b8 s;\n\tcvt.u8.u32 s, $1;\n\tcvt.rn.f16x2.e2m1x2 $0, s;\n\t}",
         "=r,r",
@@ -110,13 +104,13 @@ def e2m1x2_to_f16x2(byte_word, *, loc=None, ip=None) -> Uint32:
 @dsl_user_op
 def hfma2(a, b, c, *, loc=None, ip=None) -> Uint32:
     """`fma.rn.f16x2` on packed words (one HFMA2)."""
-    return _asm_u32([a, b, c], "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", loc, ip)
+    return asm_u32([a, b, c], "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r", loc, ip)
 
 
 @dsl_user_op
 def f16x2_sum_f32(h2, *, loc=None, ip=None) -> Float32:
     """The two f16 lanes of a packed word, each widened exactly to fp32, then added in fp32."""
-    s = _asm_u32(
+    s = asm_u32(
         [h2],
         "{\n\t.reg .b16 l, h;\n\t.reg .f32 a, b;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 a, l;\n\t"
         "cvt.f32.f16 b, h;\n\tadd.rn.f32 a, a, b;\n\tmov.b32 $0, a;\n\t}",

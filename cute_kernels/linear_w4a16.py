@@ -8,17 +8,21 @@ M repeat the last one and are never stored). A thread (r = lane/4, c = lane%4) l
 r and r+8 of each group per 128-K step, at K offset 32c; its four 8-code words w feed MMAs 2w and 2w+1. The MMA's K
 order inside a step is a permutation of the step's K, the same for W and x, so the sum is unchanged:
 
-    MMA j of a step (w = j//2, p = 2·(j%2)), thread c:  slots (2c, 2c+1)   <- codes (p, p+4)   of word w
-                                                        slots (2c+8, 2c+9) <- codes (p+1, p+5) of word w
-    code i of word w of thread c is K element 128·s + 32c + 8w + i
+    MMA 2w + jj of a step, thread c:  slots (2c, 2c+1)   <- the codes of pair PAIRS[2jj]   of word w
+                                      slots (2c+8, 2c+9) <- the codes of pair PAIRS[2jj+1] of word w
+    code i of word w of thread c is K element 128·s + 32c + 8w + i; x's B registers hold the same elements
 
-so each A register is one word's codes (i, i+4): a pair that two shifts and two masks place as f16 or bf16 bits.
-The block scale multiplies the placed pair (one HMUL2), folded with the placement's power of two where it fits
-(`ScaleFold`); the rest of that power of two, and the global scale, multiply the fp32 sum once at the end.
+The pairs are whatever decodes cheapest (`decode_word`): bf16 takes codes (i, i+4), which sit 16 bits apart, so one
+mask, one multiply and one mask place both; f16 makes e4m3 bytes and converts them two at a time in hardware. The
+block scale multiplies the placed pair (one HMUL2), folded with the placement's power of two where it fits (the
+scale fold, NV_FOLD); the rest of that power of two, and the global scale, multiply the fp32 sum once at the end.
 
 Work split: a CTA is row_warps x k_warps warps; a warp owns `groups` 16-row groups and takes every k_warps-th step,
 so the row_warps warps on the same steps share x through L1. k-warps are summed in warp order through shared
 memory: the result is bit-identical run to run. Each product W·x is exact in fp32 and the tensor cores sum in fp32.
+On the H200 the loop is about three instructions an element, close to what the SMs can issue while the bytes stream,
+so the split is chosen to keep the most warps resident (nvfp4_gemv/linear/kernels.py; BENCHMARKS.md, "The W4A16
+linear").
 """
 
 from dataclasses import dataclass
@@ -30,7 +34,8 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cute_kernels.compile import SmemAllocator, load_atom
-from cute_kernels.ptx import inline_ptx
+from cute_kernels.decode import e4m3x2_to_f16x2
+from cute_kernels.ptx import asm_u32, inline_ptx
 from layouts.constants import SF_VEC
 from layouts.sf_cute import sf_layout_by_col
 
@@ -95,7 +100,7 @@ class LinearW4A16Config:
         return SF_VEC if self.fmt == "nvfp4" else MX_VEC
 
     def output_factor(self) -> float:
-        """The power of two left on the fp32 sum by the scale fold (see ScaleFold)."""
+        """The power of two left on the fp32 sum by the scale fold (see NV_FOLD)."""
         if self.fmt == "mxfp4":
             return 1.0
         return 1.0 if self.mma_dtype == "fp16" else 2.0**8
@@ -111,29 +116,17 @@ def _u32(v, loc=None, ip=None):
     return Uint32(v).ir_value(loc=loc, ip=ip)
 
 
-def _asm_u32(args, asm: str, constraints: str, loc=None, ip=None) -> Uint32:
-    return Uint32(inline_ptx(T.i32(), [_u32(a, loc, ip) for a in args], asm, constraints, loc=loc, ip=ip))
-
-
 @dsl_user_op
 def prmt(a, b, sel: int, *, loc=None, ip=None) -> Uint32:
     """`prmt.b32` with an immediate selector: bytes of {b:a} (one PRMT)."""
-    return _asm_u32([a, b], f"prmt.b32 $0, $1, $2, {sel:#x};", "=r,r,r", loc, ip)
+    return asm_u32([a, b], f"prmt.b32 $0, $1, $2, {sel:#x};", "=r,r,r", loc, ip)
 
 
 @dsl_user_op
 def mul_x2(a, b, dtype: str, *, loc=None, ip=None) -> Uint32:
     """Packed `mul.rn.f16x2` / `mul.rn.bf16x2` (one HMUL2); bf16 keeps subnormal inputs (PTX: no .ftz for bf16)."""
     op = "mul.rn.f16x2" if dtype == "fp16" else "mul.rn.bf16x2"
-    return _asm_u32([a, b], f"{op} $0, $1, $2;", "=r,r,r", loc, ip)
-
-
-@dsl_user_op
-def e4m3x2_to_f16x2(pair, *, loc=None, ip=None) -> Uint32:
-    """Two e4m3 bytes (low 16 bits) to f16x2, exactly (`cvt.rn.f16x2.e4m3x2`, sm_89 and later)."""
-    return _asm_u32(
-        [pair], "{\n\t.reg .b16 s;\n\tcvt.u16.u32 s, $1;\n\tcvt.rn.f16x2.e4m3x2 $0, s;\n\t}", "=r,r", loc, ip
-    )
+    return asm_u32([a, b], f"{op} $0, $1, $2;", "=r,r,r", loc, ip)
 
 
 @dsl_user_op
@@ -142,7 +135,7 @@ def f16_half_to_bf16x2(h2, half: int, scale: float, *, loc=None, ip=None) -> Uin
     e4m3 value has 4 significant bits)."""
     sel = "l" if half == 0 else "h"
     f = f"0f{_f32_bits(scale):08X}"
-    return _asm_u32(
+    return asm_u32(
         [h2],
         "{\n\t.reg .b16 l, h;\n\t.reg .f32 a;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 a, " + sel + ";\n\t"
         f"mul.rn.f32 a, a, {f};\n\tcvt.rn.bf16x2.f32 $0, a, a;\n\t}}",
@@ -214,7 +207,7 @@ PAIRS = {"bf16": ((0, 4), (1, 5), (2, 6), (3, 7)), "fp16": ((0, 2), (1, 3), (4, 
 def e4m3x2_half_to_f16x2(word, half: int, *, loc=None, ip=None) -> Uint32:
     """The e4m3 pair in 16-bit half `half` of `word` to f16x2 (`cvt.rn.f16x2.e4m3x2`, one F2FP)."""
     sel = "l" if half == 0 else "h"
-    return _asm_u32(
+    return asm_u32(
         [word], "{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, $1;\n\tcvt.rn.f16x2.e4m3x2 $0, " + sel + ";\n\t}", "=r,r",
         loc, ip,
     )
@@ -269,7 +262,7 @@ F16_2_6 = 0x54005400  # 64.0 in both f16 halves
 def e8m0_to_bf16x2(s, *, loc=None, ip=None) -> Uint32:
     """An e8m0 byte s as 2^(s-127) in both bf16 halves: exponent bits s << 7; s = 0 is the subnormal 2^-127, and
     s = 255 is NaN."""
-    return _asm_u32(
+    return asm_u32(
         [s],
         "{\n\t.reg .b32 e;\n\t.reg .pred z, n;\n\tshl.b32 e, $1, 7;\n\tsetp.eq.u32 z, $1, 0;\n\t"
         "setp.eq.u32 n, $1, 255;\n\tselp.b32 e, 64, e, z;\n\tselp.b32 e, 32704, e, n;\n\t"

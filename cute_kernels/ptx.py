@@ -1,7 +1,8 @@
 """Inline PTX from CuTe DSL code: one helper for every `asm` statement the kernels use."""
 
+from cutlass import Uint32
 from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 
 def inline_ptx(result_type, operands, asm: str, constraints: str, side_effects: bool = False, loc=None, ip=None):
@@ -17,6 +18,12 @@ def inline_ptx(result_type, operands, asm: str, constraints: str, side_effects: 
         loc=loc,
         ip=ip,
     )
+
+
+def asm_u32(args, asm: str, constraints: str, loc=None, ip=None) -> Uint32:
+    """One 32-bit result from `asm` on 32-bit operands (each converted to Uint32)."""
+    operands = [Uint32(a).ir_value(loc=loc, ip=ip) for a in args]
+    return Uint32(inline_ptx(T.i32(), operands, asm, constraints, loc=loc, ip=ip))
 
 
 @dsl_user_op
