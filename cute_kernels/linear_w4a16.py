@@ -280,8 +280,10 @@ class LinearW4A16:
 
     @staticmethod
     def can_implement(m: int, n: int, k: int) -> bool:
-        """M, N >= 1; K a positive multiple of 64; word offsets of W and x fit an int32."""
-        return m >= 1 and n >= 1 and k >= 64 and k % 64 == 0 and max(n, m) * (k // 2) < 2**31
+        """M, N >= 1; K a positive multiple of 64; every int32 offset the kernel forms fits: x's 32-bit words
+        (M·K/2), W's (N·K/8) and y's elements (M·N) below 2^31."""
+        return (m >= 1 and n >= 1 and k >= 64 and k % 64 == 0 and m * k < 2**32 and n * k < 2**34
+                and m * n < 2**31)
 
     @staticmethod
     def fake_operands(config: LinearW4A16Config):

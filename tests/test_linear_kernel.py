@@ -135,6 +135,21 @@ def _elf_register_counts(data: bytes):
     return counts
 
 
+def test_too_large_for_int32_offsets_is_refused_before_launch():
+    from cute_kernels.linear_w4a16 import LinearW4A16
+
+    assert LinearW4A16.can_implement(16, 28672, 8192) and LinearW4A16.can_implement(1, 1, 64)
+    assert not LinearW4A16.can_implement(1, 2**20, 2**14)  # N·K = 2^34
+    assert not LinearW4A16.can_implement(2**18, 4096, 2**14)  # M·K = 2^32
+    assert not LinearW4A16.can_implement(2**16, 2**15, 64)  # M·N = 2^31
+    assert not LinearW4A16.can_implement(1, 1, 96)  # K % 64
+    # kernels.run checks sizes before anything touches a device (meta tensors hold no memory).
+    x = torch.empty(2**18, 2**14, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(1, 2**13, dtype=torch.uint8, device="meta")
+    with pytest.raises(ValueError, match="too large"):
+        kernels.run(None, x, w, w, "nvfp4", "plain", None, None)
+
+
 def test_config_for_token_tiles_and_describe():
     assert kernels.config_for(8, 4096, 4096, "nvfp4", "plain", "bf16", False, False).token_tiles == 1
     assert kernels.config_for(9, 4096, 4096, "nvfp4", "swizzled", "fp16", True, True).token_tiles == 2

@@ -112,6 +112,9 @@ def run(out2d, x2d, weight_u8, scale, fmt, scale_layout, global_scale, bias, **o
     the TVM-FFI launch; the config is chosen and compiled on the first call of its key."""
     m, k = x2d.shape
     n = weight_u8.shape[0]
+    if m * k >= 2**32 or n * k >= 2**34 or m * n >= 2**31:
+        raise ValueError(f"fp4_linear: (M, N, K) = ({m}, {n}, {k}) is too large for the kernel's int32 offsets "
+                         "(M·K < 2^32, N·K < 2^34, M·N < 2^31); split the call along M or N")
     key = (x2d.device, m <= 8, n, k, fmt, scale_layout, x2d.dtype, scale.dtype, bias is None, global_scale is None)
     plan = None if override else _PLANS.get(key)
     tuned = bool(override)
