@@ -30,6 +30,19 @@ class Workspace:
 
 
 _SM_COUNTS: dict = {}
+_CAPABILITIES: dict = {}
+
+
+def capability(device) -> tuple[int, int]:
+    """The compute capability of CUDA `device` (asked once per device; an index-less device is the current one)."""
+    import torch
+
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    cap = _CAPABILITIES.get(idx)
+    if cap is None:
+        cap = _CAPABILITIES[idx] = torch.cuda.get_device_capability(idx)
+    return cap
+
 
 
 def sm_count(device_index: int) -> int:

@@ -26,6 +26,7 @@ import torch
 from cute_kernels import gemv_simt, gemv_tc_sm100
 from cute_kernels.compile import compile_kernel, operand_addresses, raw_function, target
 from cute_kernels.tc_workspace import TcLauncher, sm_count
+from cute_kernels.tc_workspace import capability as device_capability
 from nvfp4_gemv.validate import validate_inputs
 
 # The Blackwell variants, in the order the first-contact guard tries them: tcgen05 with MMA N = 8 (the smallest
@@ -113,7 +114,6 @@ class Dispatcher:
         self.compile = functools.partial(compile, call=call, stream=stream)
         self.workspace_key = workspace_key
         self.kernels: dict[tuple, Callable] = {}
-        self._capability: dict[int, tuple[int, int]] = {}
 
     def choose(self, capability: tuple[int, int], m: int, k: int, l: int, sf_kind: str = "permuted",  # noqa: E741
                sm100_variant: str | None = None):
@@ -155,11 +155,7 @@ class Dispatcher:
         return sm_count(torch.cuda.current_device()) if torch.cuda.is_available() else H200_SMS
 
     def capability(self, device: torch.device) -> tuple[int, int]:
-        idx = device.index if device.index is not None else torch.cuda.current_device()
-        cap = self._capability.get(idx)
-        if cap is None:
-            cap = self._capability[idx] = torch.cuda.get_device_capability(idx)
-        return cap
+        return device_capability(device)
 
     def __call__(self, data, sf_kind: str = "permuted"):
         """Fill and return c for the contest tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c).
