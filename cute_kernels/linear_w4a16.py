@@ -95,10 +95,6 @@ class LinearW4A16Config:
     def tokens_per_cta(self) -> int:
         return 8 * self.token_tiles
 
-    @property
-    def sf_vec(self) -> int:
-        return SF_VEC if self.fmt == "nvfp4" else MX_VEC
-
     def output_factor(self) -> float:
         """The power of two left on the fp32 sum by the scale fold (see NV_FOLD)."""
         if self.fmt == "mxfp4":
@@ -355,29 +351,6 @@ class LinearW4A16:
         return sf.iterator.toint() + Int64(off)
 
     @cute.jit
-    def chunk_sources(self, x_words, w_words, s, rows, toks, c):
-        """The 16-byte global chunks of step s for this thread: W (half, group), then x (tile, v)."""
-        cfg = self.cfg
-        wq = s * (STEP_K // 8) + 4 * c  # first W word of this thread
-        xq = s * (STEP_K // 2) + 16 * c  # first x word
-        srcs = []
-        for g in cutlass.range_constexpr(cfg.groups):
-            for h in cutlass.range_constexpr(2):
-                srcs.append(cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)))
-        for t in cutlass.range_constexpr(cfg.token_tiles):
-            for v in cutlass.range_constexpr(4):
-                srcs.append(cute.local_tile(x_words[toks[t], None], (4,), (xq // 4 + v,)))
-        return srcs
-
-    def reg_chunks(self, regs):
-        """The register destinations matching chunk_sources' order."""
-        cfg = self.cfg
-        rW, rX, _ = regs
-        out = [rW[None, h, g] for g in range(cfg.groups) for h in range(2)]
-        out += [cute.local_tile(rX[None, t], (4,), (v,)) for t in range(cfg.token_tiles) for v in range(4)]
-        return out
-
-    @cute.jit
     def load_scales(self, rS, sf, s, rows, c):
         cfg = self.cfg
         for g in cutlass.range_constexpr(cfg.groups):
@@ -390,13 +363,22 @@ class LinearW4A16:
         """Load step s into registers: 16 bytes of W and the scales per row, 64 bytes of x per token."""
         cfg = self.cfg
         rW, rX, rS = regs
-        atom_w = load_atom(Uint32, 128, l1_no_allocate=True)
-        atom_x = load_atom(Uint32, 128)
         if live:
-            srcs = self.chunk_sources(x_words, w_words, s, rows, toks, c)
-            dsts = self.reg_chunks(regs)
-            for i in cutlass.range_constexpr(len(srcs)):
-                cute.copy(atom_w if i < 2 * cfg.groups else atom_x, srcs[i], dsts[i])
+            wq = s * (STEP_K // 8) + 4 * c  # first W word of this thread
+            xq = s * (STEP_K // 2) + 16 * c  # first x word
+            # (source, destination, atom) of every 16-byte chunk: W per (group, half), then x per (tile, 16 bytes).
+            chunks = [
+                (cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)), rW[None, h, g], True)
+                for g in range(cfg.groups) for h in range(2)
+            ] + [
+                (cute.local_tile(x_words[toks[t], None], (4,), (xq // 4 + v,)),
+                 cute.local_tile(rX[None, t], (4,), (v,)), False)
+                for t in range(cfg.token_tiles) for v in range(4)
+            ]
+            atom_w = load_atom(Uint32, 128, l1_no_allocate=True)
+            atom_x = load_atom(Uint32, 128)
+            for src, dst, is_w in chunks:
+                cute.copy(atom_w if is_w else atom_x, src, dst)
             self.load_scales(rS, sf, s, rows, c)
         else:
             rW.fill(0)

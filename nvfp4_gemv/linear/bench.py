@@ -85,7 +85,7 @@ def host_table(n=4096, k=4096, m=1, log=print) -> dict:
     gs = torch.full((1,), 0.5, device="cuda")
     fp4_linear(x, w, sf, "nvfp4", 0.5)
     kernels.run(y, x, w, sf, "nvfp4", "plain", gs, None)
-    fn, _, bias_dummy = kernels._PLANS[(x.device, m <= 8, n, k, "nvfp4", "plain", x.dtype, sf.dtype, True, False)]
+    fn, _, bias_dummy = kernels.plan_for(m, n, k, x.device, x.dtype, sf.dtype, "nvfp4", "plain", True, False)
     xs = torch.randn(1, 256, device="cuda").to(torch.bfloat16)
     ws = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
     rows = {

@@ -1,14 +1,18 @@
 """The CUDA side of the W4A16 linear: pick a `cute_kernels.linear_w4a16` config for (M, N, K, format, dtype) and the
 device's SM count, compile it once (TVM-FFI, torch's current stream), and launch it.
 
-The caller (`nvfp4_gemv.linear.op`) has validated the operands; this module trusts them.
+The caller (`nvfp4_gemv.linear.op`) has validated the operands; this module trusts them. It imports the DSL, so the
+op imports it on its first CUDA call only.
 """
 
 from __future__ import annotations
 
 import torch
 
-from cute_kernels.tc_workspace import sm_count
+from cute_kernels.compile import compile_kernel, raw_function
+from cute_kernels.linear_w4a16 import LinearW4A16, LinearW4A16Config
+from cute_kernels.targets import target
+from cute_kernels.tc_workspace import capability, sm_count
 
 SCALE_LAYOUTS = {"plain": "plain", "swizzled": "permuted"}  # the linear's names -> the kernel's sf_kind
 _X_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -56,8 +60,6 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1) -> tuple[int, i
 def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str, bias: bool, global_scale: bool,
                sms: int = H200_SMS, **override):
     """The kernel config for one call shape: 8 tokens a CTA up to M = 8, else 16; the split from choose_split."""
-    from cute_kernels.linear_w4a16 import LinearW4A16Config
-
     token_tiles = 1 if m <= 8 else 2
     groups, k_warps = choose_split(n, k, sms, token_tiles)
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
@@ -77,56 +79,36 @@ def _dummy(device, dtype):
     return t
 
 
-_FNS: dict = {}
+_PLANS: dict = {}  # (device, M <= 8, N, K, fmt, layout, x dtype, scale dtype, bias?, global scale?) -> plan
 
 
-def _function(cfg, capability):
-    key = (cfg, capability)
-    fn = _FNS.get(key)
-    if fn is None:
-        from cute_kernels.compile import compile_kernel, raw_function
-        from cute_kernels.linear_w4a16 import LinearW4A16
-        from cute_kernels.targets import target
-
-        fn = _FNS[key] = raw_function(compile_kernel(LinearW4A16, cfg, target(capability), stream="torch"))
-    return fn
-
-
-_CAPS: dict = {}
-
-
-def _capability(device) -> tuple[int, int]:
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    cap = _CAPS.get(idx)
-    if cap is None:
-        cap = _CAPS[idx] = torch.cuda.get_device_capability(idx)
-    return idx, cap
-
-
-_PLANS: dict = {}  # (device, M <= 8, N, K, fmt, layout, x dtype, bias?, global scale?) -> (fn, gs, bias)
+def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
+    """(compiled function, global-scale stand-in, bias stand-in) for a call shape: the config chosen and compiled
+    on first use and kept per key; with `override` (config fields, for sweeps) chosen afresh and not kept."""
+    key = (device, m <= 8, n, k, fmt, scale_layout, x_dtype, scale_dtype, has_bias, has_global_scale)
+    plan = None if override else _PLANS.get(key)
+    if plan is None:
+        fields = {"sf_dtype": _SF_DTYPES[scale_dtype], **override}
+        cfg = config_for(m, n, k, fmt, scale_layout, _X_DTYPES[x_dtype], has_bias, has_global_scale,
+                         sm_count(device.index), **fields)
+        fn = raw_function(compile_kernel(LinearW4A16, cfg, target(capability(device)), stream="torch"))
+        plan = (fn, _dummy(device, torch.float32), _dummy(device, x_dtype))
+        if not override:
+            _PLANS[key] = plan
+    return plan
 
 
 def run(out2d, x2d, weight_u8, scale, fmt, scale_layout, global_scale, bias, **override) -> None:
     """out2d[M, N] = x2d · dequant(W)ᵀ (+ bias), on torch's current stream. Operands already validated; the scales
-    may be uint8 or (NVFP4) float8_e4m3fn, read as bytes either way. A call costs one dict lookup and
-    the TVM-FFI launch; the config is chosen and compiled on the first call of its key."""
+    may be uint8 or (NVFP4) float8_e4m3fn, read as bytes either way. A call costs the size check, one dict lookup
+    and the TVM-FFI launch; the config is chosen and compiled on the first call of its key."""
     m, k = x2d.shape
     n = weight_u8.shape[0]
-    if m * k >= 2**32 or n * k >= 2**34 or m * n >= 2**31:
-        raise ValueError(f"fp4_linear: (M, N, K) = ({m}, {n}, {k}) is too large for the kernel's int32 offsets "
-                         "(M·K < 2^32, N·K < 2^34, M·N < 2^31); split the call along M or N")
-    key = (x2d.device, m <= 8, n, k, fmt, scale_layout, x2d.dtype, scale.dtype, bias is None, global_scale is None)
-    plan = None if override else _PLANS.get(key)
-    tuned = bool(override)
-    if plan is None:
-        idx, cap = _capability(x2d.device)
-        override.setdefault("sf_dtype", _SF_DTYPES[scale.dtype])
-        cfg = config_for(m, n, k, fmt, scale_layout, _X_DTYPES[x2d.dtype], bias is not None,
-                         global_scale is not None, sm_count(idx), **override)
-        plan = (_function(cfg, cap), _dummy(x2d.device, torch.float32), _dummy(x2d.device, x2d.dtype))
-        if not tuned:
-            _PLANS[key] = plan
-    fn, gs_dummy, bias_dummy = plan
+    if not LinearW4A16.can_implement(m, n, k):
+        raise ValueError(f"fp4_linear: (M, N, K) = ({m}, {n}, {k}) is too large or malformed for the kernel: "
+                         f"{LinearW4A16.can_implement.__doc__} Split the call along M or N.")
+    fn, gs_dummy, bias_dummy = plan_for(m, n, k, x2d.device, x2d.dtype, scale.dtype, fmt, scale_layout,
+                                        global_scale is not None, bias is not None, **override)
     fn(x2d, weight_u8, scale, out2d, gs_dummy if global_scale is None else global_scale,
        bias_dummy if bias is None else bias)
 
@@ -136,7 +118,8 @@ def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layou
     xd = _X_DTYPES.get(x_dtype, x_dtype)
     sms = H200_SMS
     if device is not None and torch.device(device).type == "cuda":
-        sms = sm_count(torch.device(device).index or 0)
+        dev = torch.device(device)
+        sms = sm_count(dev.index if dev.index is not None else torch.cuda.current_device())
     cfg = config_for(m, n, k, fmt, scale_layout, xd, False, False, sms)
     path = "tensor cores (mma.sync m16n8k16)" + (", x as bf16 hi+lo" if cfg.split_x else "")
     tiles = -(-m // cfg.tokens_per_cta)
