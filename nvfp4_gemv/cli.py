@@ -320,6 +320,14 @@ def _cmd_sweep(args) -> int:
     if not _has_cuda():
         print(f"{NO_GPU}: a sweep times kernels, so there is nothing to do here.", file=sys.stderr)
         return 1
+    if args.linear:
+        from nvfp4_gemv.linear import bench as LB
+
+        args.out.mkdir(exist_ok=True)
+        LB.sweep(LB.SWEEP_CONFIGS, tokens=args.tokens, formats=args.formats, csv_path=args.out / "linear_sweep.csv",
+                 log=lambda s: print(s, flush=True))
+        print(f"wrote {args.out / 'linear_sweep.csv'}")
+        return 0
     configs = [GemvSimtConfig(warps=w, r_lanes=r, unroll=u, rows_per_thread=t)
                for w, r, u, t in itertools.product(args.warps, args.r_lanes, args.unroll, args.rows_per_thread)]
     rows = sweep_rows(args.shapes or list(SUITES[args.suite]), configs, log=Progress())
@@ -416,6 +424,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--unroll", nargs="+", type=_positive_int, default=[2, 4])
     w.add_argument("--rows-per-thread", nargs="+", type=int, choices=(1, 2, 4), default=[1])
     w.add_argument("--out", type=_out_folder, default="bench-out", help="folder for sweep.csv (default: bench-out)")
+    w.add_argument("--linear", action="store_true",
+                   help="the W4A16 linear instead: its candidate configs (nvfp4_gemv.linear.bench.SWEEP_CONFIGS) on "
+                        "its shapes; writes linear_sweep.csv")
+    w.add_argument("--tokens", nargs="+", type=_positive_int, default=[1, 4, 8, 16], help="--linear: token counts M")
+    w.add_argument("--formats", nargs="+", choices=("nvfp4", "mxfp4"), default=["nvfp4"], help="--linear: formats")
     w.set_defaults(func=_cmd_sweep)
 
     k = sub.add_parser("compile", help="write PTX, cubin (and SASS with nvdisasm) and an instruction summary")

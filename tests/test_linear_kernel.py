@@ -19,6 +19,8 @@ PTX_CASES = [
     dict(fmt="nvfp4", x_dtype="fp16", sf_kind="permuted", token_tiles=2, bias=True, global_scale=True, sf_dtype="e4m3"),
     dict(fmt="mxfp4", x_dtype="bf16", groups=2, k_warps=4),
     dict(fmt="mxfp4", x_dtype="fp16"),
+    dict(fmt="nvfp4", x_dtype="bf16", stages=4, x_rows=1),
+    dict(fmt="mxfp4", x_dtype="fp16", stages=3, groups=2, row_warps=2, k_warps=2, token_tiles=2),
 ]
 
 
@@ -60,8 +62,14 @@ def test_ptx_facts(ptx, kw, arch):
     # Tensor cores fed from registers; one MMA per (8 codes x 2 rows) per token tile, twice for fp16 x as hi + lo.
     n_mma = text.count(mma)
     assert n_mma % (8 * cfg.groups * cfg.token_tiles * (2 if cfg.split_x else 1)) == 0 and n_mma > 0
-    # W streams once: 16-byte loads that skip L1.
-    assert "ld.global.L1::no_allocate.v4" in text
+    if cfg.stages:
+        # The ring: a bulk copy a row (W with an L2 evict-first hint), mbarrier hand-offs, 16-byte shared reads.
+        assert "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint" in text
+        assert "mbarrier.try_wait.parity.shared::cta.b64" in text and "ld.shared.v4" in text
+        assert "ld.global.L1::no_allocate.v4" not in text
+    else:
+        # W streams once: 16-byte loads that skip L1.
+        assert "ld.global.L1::no_allocate.v4" in text
     # NVFP4 scales through the hardware e4m3 conversion; the f16 path decodes codes through it too.
     assert ("cvt.rn.f16x2.e4m3x2" in text) == (cfg.fmt == "nvfp4" or cfg.mma_dtype == "fp16")
     # Deterministic: no float atomics anywhere.
@@ -150,6 +158,21 @@ def test_too_large_for_int32_offsets_is_refused_before_launch():
         kernels.run(None, x, w, w, "nvfp4", "plain", None, None)
 
 
+def test_ring_config_rules():
+    from cute_kernels.linear_w4a16 import LinearW4A16Config
+
+    assert [kernels.x_rows_for(m, 1 if m <= 8 else 2) for m in (1, 2, 3, 4, 5, 8, 9, 16, 40)] == [
+        1, 2, 4, 4, 8, 8, 16, 16, 16]
+    cfg = kernels.config_for(3, 4096, 4096, "nvfp4", "plain", "bf16", False, False, stages=4)
+    assert cfg.x_rows == 4 and cfg.stages == 4
+    for bad in (dict(stages=1), dict(stages=9), dict(x_rows=2), dict(stages=2, x_rows=16), dict(stages=2, x_rows=3)):
+        with pytest.raises(ValueError):
+            LinearW4A16Config(**bad)
+    # Rows r and r + 1 of a stage sit 64 bytes apart modulo 128: a quarter warp's 16-byte reads do not conflict.
+    for kw in (1, 2, 4, 8, 16):
+        assert LinearW4A16Config(stages=2, k_warps=kw).w_pitch % 128 == 64
+
+
 def test_config_for_token_tiles_and_describe():
     assert kernels.config_for(8, 4096, 4096, "nvfp4", "plain", "bf16", False, False).token_tiles == 1
     assert kernels.config_for(9, 4096, 4096, "nvfp4", "swizzled", "fp16", True, True).token_tiles == 2
@@ -222,10 +245,36 @@ def test_every_split(groups, k_warps, fmt):
     _check(y, x, w.cuda(), plain, fmt)
 
 
+RINGS = [
+    dict(stages=2, k_warps=8),
+    dict(stages=4, k_warps=4, row_warps=2),
+    dict(stages=3, groups=2, k_warps=2),
+    dict(stages=4, k_warps=16),
+    dict(stages=5, k_warps=1, groups=2, row_warps=2),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ring", RINGS, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+@pytest.mark.parametrize("fmt,layout", LAYOUTS)
+@pytest.mark.parametrize("m,n,k", [(1, 200, 2880), (3, 130, 1088), (8, 17, 192), (11, 384, 7168), (40, 100, 2048)])
+def test_ring_against_reference(ring, fmt, layout, m, n, k):
+    """The shared-memory ring: partial last stages (K = 2880, 1088, 192), a half step, rows past N in a CTA,
+    M = 3 with 4 rows of x a stage, M past 16."""
+    w, scale, plain = _operands(n, k, fmt, layout)
+    dtype = torch.float16 if m % 2 else torch.bfloat16
+    x = torch.randn(m, k).to(dtype).cuda()
+    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
+    bias = torch.randn(n).to(dtype).cuda()
+    y = _run(x, w.cuda(), scale.cuda(), fmt, layout, gs, bias, **ring)
+    _check(y, x, w.cuda(), plain, fmt, gs, bias)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-def test_one_hot_probes(fmt, dtype):
+@pytest.mark.parametrize("ring", [{}, dict(stages=3, k_warps=2)], ids=["direct", "ring"])
+def test_one_hot_probes(fmt, dtype, ring):
     """Row r holds one code at k = (7r + 3) % K and scale 2^(r % 5) on its block; token t is one-hot at row t's k:
     y[t, r] is code · scale when r == t and 0 otherwise, exactly. Every code, both nibbles, every block position."""
     n, k = 48, 256
@@ -246,16 +295,17 @@ def test_one_hot_probes(fmt, dtype):
         x = torch.zeros(n, k, dtype=dtype)
         for t, kk in enumerate(ks):
             x[t, kk] = 1
-        y = _run(x.cuda(), w.cuda(), plain.cuda(), fmt, "plain").float().cpu()
+        y = _run(x.cuda(), w.cuda(), plain.cuda(), fmt, "plain", **ring).float().cpu()
         want = torch.diag(torch.tensor([E2M1[code] * 2.0 ** (r % 5) for r in range(n)]))
         assert torch.equal(y, want), (code, (y - want).abs().max())
 
 
 @pytest.mark.gpu
-def test_bit_identical_over_100_runs():
+@pytest.mark.parametrize("ring", [{}, dict(stages=4)], ids=["direct", "ring"])
+def test_bit_identical_over_100_runs(ring):
     w, scale, plain = _operands(4096, 7168, "nvfp4", "plain")
     x = torch.randn(16, 7168).to(torch.bfloat16).cuda()
     w, scale = w.cuda(), scale.cuda()
-    first = _run(x, w, scale, "nvfp4", "plain")
+    first = _run(x, w, scale, "nvfp4", "plain", **ring)
     for _ in range(100):
-        assert torch.equal(_run(x, w, scale, "nvfp4", "plain").view(torch.int16), first.view(torch.int16))
+        assert torch.equal(_run(x, w, scale, "nvfp4", "plain", **ring).view(torch.int16), first.view(torch.int16))

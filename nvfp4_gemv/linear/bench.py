@@ -24,6 +24,14 @@ SHAPES = (
 TOKENS = (1, 2, 4, 8, 16)
 FORMATS = ("nvfp4", "mxfp4")
 POOL_BYTES = 256 << 20
+# The launcher's candidates: the dispatched config ({}), then the shared-memory ring with a producer warp at several
+# (groups, row_warps, k_warps, stages).
+SWEEP_CONFIGS = (
+    {},
+    dict(stages=4, groups=1, k_warps=8), dict(stages=6, groups=1, k_warps=8), dict(stages=4, groups=1, k_warps=4),
+    dict(stages=4, groups=1, row_warps=2, k_warps=4), dict(stages=4, groups=2, k_warps=8),
+    dict(stages=3, groups=1, k_warps=16), dict(stages=8, groups=1, k_warps=2),
+)
 
 
 def weight_bytes(n: int, k: int, fmt: str) -> int:
@@ -45,13 +53,39 @@ def _pool(make, nbytes: int):
     return [make() for _ in range(max(2, -(-POOL_BYTES // nbytes)))]
 
 
-def ours(n, k, m, fmt, dtype=torch.bfloat16):
-    from nvfp4_gemv.linear import fp4_linear
+def ours(n, k, m, fmt, dtype=torch.bfloat16, **override):
+    """The op as users call it; with `override` (kernel config fields, for sweeps) the launcher underneath."""
+    from nvfp4_gemv.linear import fp4_linear, kernels
 
     x = torch.randn(m, k, device="cuda").to(dtype)
     pool = _pool(lambda: random_weights(n, k, fmt), weight_bytes(n, k, fmt))
     gs = 0.5 if fmt == "nvfp4" else None
-    return (lambda d: fp4_linear(x, d[0], d[1], fmt, gs)), pool
+    if not override:
+        return (lambda d: fp4_linear(x, d[0], d[1], fmt, gs)), pool
+    y = torch.empty(m, n, device="cuda", dtype=dtype)
+    gst = torch.full((1,), 0.5, device="cuda") if gs else None
+    return (lambda d: kernels.run(y, x, d[0], d[1].view(torch.uint8), fmt, "plain", gst, None, **override)), pool
+
+
+def sweep(configs, shapes=SHAPES, tokens=TOKENS, formats=("nvfp4",), csv_path=None, log=print):
+    """µs per call of each config override (a dict of kernel config fields; {} is the dispatched config) at every
+    (shape, M, format), with the read of the same bytes: the data behind the launcher's choice."""
+    rows = []
+    for n, k in shapes:
+        for fmt in formats:
+            read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt)))
+            for m in tokens:
+                for ov in configs:
+                    t = _time(lambda: ours(n, k, m, fmt, **ov))
+                    name = " ".join(f"{a}={b}" for a, b in ov.items()) or "dispatched"
+                    rows.append(dict(n=n, k=k, m=m, fmt=fmt, config=name, read_us=read, us=t, ratio=t / read))
+                    log(f"{n:>6}x{k:<6} {m:>3} {fmt:>5} {read:7.2f} {t:7.2f} {t / read:6.3f}  {name}")
+    if csv_path:
+        with open(csv_path, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+            wr.writeheader()
+            wr.writerows(rows)
+    return rows
 
 
 def quack(n, k, m, fmt):

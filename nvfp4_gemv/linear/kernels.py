@@ -65,7 +65,15 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale)
     cfg.update(override)
+    if cfg.get("stages") and not cfg.get("x_rows"):
+        cfg["x_rows"] = x_rows_for(m, cfg["token_tiles"])
     return LinearW4A16Config(**cfg)
+
+
+def x_rows_for(m: int, token_tiles: int) -> int:
+    """Token rows of x a ring stage must hold: the CTA's tokens, M of them at most, rounded up to a power of two (one
+    compiled kernel serves M = 3 and 4, 5 to 8, 9 to 16)."""
+    return min(8 * token_tiles, 1 << (m - 1).bit_length())
 
 
 _DUMMIES: dict = {}
@@ -85,7 +93,7 @@ _PLANS: dict = {}  # (device, M <= 8, N, K, fmt, layout, x dtype, scale dtype, b
 def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
     """(compiled function, global-scale stand-in, bias stand-in) for a call shape: the config chosen and compiled
     on first use and kept per key; with `override` (config fields, for sweeps) chosen afresh and not kept."""
-    key = (device, m <= 8, n, k, fmt, scale_layout, x_dtype, scale_dtype, has_bias, has_global_scale)
+    key = (device, x_rows_for(m, 1 if m <= 8 else 2), n, k, fmt, scale_layout, x_dtype, scale_dtype, has_bias, has_global_scale)
     plan = None if override else _PLANS.get(key)
     if plan is None:
         fields = {"sf_dtype": _SF_DTYPES[scale_dtype], **override}
