@@ -64,6 +64,7 @@ class LinearW4A16Config:
     sf_dtype: str = "u8"  # the scale tensor's element type as passed: "u8" or (nvfp4) "e4m3", so no view per call
     stages: int = 0  # 0: loads straight to registers; 2..8: a producer warp's bulk copies into a ring this deep
     x_rows: int = 0  # ring only: token rows of x a stage holds (>= min(M, tokens a CTA)); 0: tokens a CTA
+    max_registers: int = 0  # 0: as ptxas likes; else a cap (minimum CTAs per SM, so more warps stay resident)
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -86,6 +87,9 @@ class LinearW4A16Config:
         if self.x_rows not in (0, 1, 2, 4, 8, 16) or self.x_rows > self.tokens_per_cta or (
                 self.x_rows and not self.stages):
             raise ValueError(f"x_rows must be 0 or a power of two up to the CTA's tokens, with a ring, got {self}")
+        if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
+                                   or self.min_ctas_per_sm() < 1):
+            raise ValueError(f"max_registers must be 0 or a multiple of 8 in 24..248 that leaves a CTA room, got {self}")
         if self.stages and self.ring_bytes() > SMEM_PER_CTA:
             raise ValueError(f"the ring needs {self.ring_bytes()} bytes of shared memory, more than a CTA's "
                              f"{SMEM_PER_CTA} (sm_90 and sm_100): fewer stages, k_warps or rows, got {self}")
@@ -107,6 +111,14 @@ class LinearW4A16Config:
     @property
     def tokens_per_cta(self) -> int:
         return 8 * self.token_tiles
+
+    @property
+    def threads(self) -> int:
+        return 32 * (self.row_warps * self.k_warps + (1 if self.stages else 0))
+
+    def min_ctas_per_sm(self) -> int:
+        """CTAs an SM must hold at max_registers a thread (what ptxas is told, so it caps the registers)."""
+        return min(32, 65536 // (self.max_registers * self.threads))
 
     @property
     def stage_k(self) -> int:
@@ -362,11 +374,17 @@ class LinearW4A16:
             sf = cute.make_tensor(cute.recast_ptr(mSF.iterator, dtype=Uint8),
                                   cute.make_layout((n, k // MX_VEC), stride=(k // MX_VEC, 1)))
         grid = [(n + cfg.rows_per_cta - 1) // cfg.rows_per_cta, (m + cfg.tokens_per_cta - 1) // cfg.tokens_per_cta, 1]
+        shape = dict(grid=grid, block=[cfg.threads, 1, 1])
+        if const_expr(cfg.max_registers > 0):
+            # ptxas caps registers so that this many CTAs fit an SM (nvvm.minctasm). The shared-memory carve-out
+            # is given too (that many CTAs' worth, in percent of 228 KB), as the DSL otherwise asks the device.
+            ctas = cfg.min_ctas_per_sm()
+            smem = ctas * (cfg.ring_bytes() if cfg.stages else 4 * cfg.groups * cfg.token_tiles * 32 * self.warps * 4
+                           + 1024)
+            shape.update(min_blocks_per_mp=ctas, preferred_smem_carveout=min(100, -(-100 * smem // (228 * 1024))))
         if const_expr(cfg.stages == 0):
-            call = self.kernel(x_words, w_words, sf, mY, mGS, mBias, m, n, k)
-            return call, dict(grid=grid, block=[32 * self.warps, 1, 1])
-        call = self.kernel_ring(x_words, w_words, sf, mY, mGS, mBias, m, n, k)
-        return call, dict(grid=grid, block=[32 * (self.warps + 1), 1, 1])
+            return self.kernel(x_words, w_words, sf, mY, mGS, mBias, m, n, k), shape
+        return self.kernel_ring(x_words, w_words, sf, mY, mGS, mBias, m, n, k), shape
 
     # ------------------------------------------------------------ per step
 

@@ -238,10 +238,11 @@ def test_full_range_against_reference(fmt, layout, dtype, m, n, k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("groups,k_warps", kernels.SPLITS)
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-def test_every_split(groups, k_warps, fmt):
+@pytest.mark.parametrize("max_registers", [0, 40])
+def test_every_split(groups, k_warps, fmt, max_registers):
     w, scale, plain = _operands(200, 2880, fmt, "plain")
     x = torch.randn(11, 2880).to(torch.bfloat16).cuda()
-    y = _run(x, w.cuda(), scale.cuda(), fmt, "plain", groups=groups, k_warps=k_warps)
+    y = _run(x, w.cuda(), scale.cuda(), fmt, "plain", groups=groups, k_warps=k_warps, max_registers=max_registers)
     _check(y, x, w.cuda(), plain, fmt)
 
 
@@ -249,8 +250,9 @@ RINGS = [
     dict(stages=2, k_warps=8),
     dict(stages=4, k_warps=4, row_warps=2),
     dict(stages=3, groups=2, k_warps=2),
-    dict(stages=4, k_warps=16),
+    dict(stages=2, k_warps=16),
     dict(stages=5, k_warps=1, groups=2, row_warps=2),
+    dict(stages=4, k_warps=8, max_registers=40),
 ]
 
 

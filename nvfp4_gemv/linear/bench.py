@@ -27,10 +27,10 @@ POOL_BYTES = 256 << 20
 # The launcher's candidates: the dispatched config ({}), then the shared-memory ring with a producer warp at several
 # (groups, row_warps, k_warps, stages).
 SWEEP_CONFIGS = (
-    {},
-    dict(stages=4, groups=1, k_warps=8), dict(stages=6, groups=1, k_warps=8), dict(stages=4, groups=1, k_warps=4),
-    dict(stages=4, groups=1, row_warps=2, k_warps=4), dict(stages=4, groups=2, k_warps=8),
-    dict(stages=3, groups=1, k_warps=16), dict(stages=8, groups=1, k_warps=2),
+    {}, dict(max_registers=48), dict(max_registers=40),
+    dict(groups=1, k_warps=8, max_registers=48), dict(groups=1, k_warps=4, max_registers=48),
+    dict(stages=4, groups=1, k_warps=8), dict(stages=4, groups=1, k_warps=8, max_registers=48),
+    dict(stages=4, groups=1, k_warps=8, max_registers=40),
 )
 
 
