@@ -34,7 +34,7 @@ from cutlass.cute.nvgpu import cpasync
 from cutlass.cutlass_dsl import dsl_user_op
 
 from cute_kernels import decode
-from cute_kernels.ptx import wait_parity
+from cute_kernels.ptx import inline_ptx
 from cute_kernels.l2_policy import evict_first_policy
 from cute_kernels.compile import GemvLaunch, SmemAllocator, gemv_fake_tensors
 from layouts.constants import ATOM_K
@@ -47,6 +47,22 @@ PIECE_K = 32
 SFA_SLICE = UNIT_RR * 16  # bytes of one atom that hold a unit's scales (layouts.sf_unit_slices)
 SFB_SLICE = 16  # bytes copied from each atom of b's scales (TMA's smallest box row); row 0's are the first 4
 CONSUMER_WARPS = 4  # warp w decodes rows rr = 2w, 2w + 1 of the unit; warp 4 is the producer
+
+
+@dsl_user_op
+def wait_parity(mbar_smem, parity, *, loc=None, ip=None) -> None:
+    """Spin until the phase of the mbarrier at shared address `mbar_smem` with this parity has completed
+    (`mbarrier.try_wait.parity` without a suspend-time hint, as CUTLASS's C++ barriers wait)."""
+    inline_ptx(
+        None,
+        [Int32(mbar_smem).ir_value(loc=loc, ip=ip), Int32(parity).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .pred p;\n\tLAB_SPIN:\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1;\n\t"
+        "@!p bra LAB_SPIN;\n\t}",
+        "r,r,~{memory}",
+        side_effects=True,
+        loc=loc,
+        ip=ip,
+    )
 
 
 def unit_coords(unit, units_per_batch):

@@ -35,8 +35,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cute_kernels.compile import SmemAllocator, load_atom
 from cute_kernels.decode import e4m3x2_to_f16x2
-from cute_kernels.l2_policy import evict_first_policy
-from cute_kernels.ptx import asm_u32, bulk_copy_g2s, inline_ptx, wait_parity
+from cute_kernels.ptx import asm_u32, inline_ptx
 from layouts.constants import SF_VEC
 from layouts.sf_cute import sf_layout_by_col
 
@@ -44,7 +43,6 @@ STEP_K = 128  # K elements a warp covers per step: 4 threads x 32 codes
 FORMATS = ("nvfp4", "mxfp4")
 X_DTYPES = ("bf16", "fp16")
 MX_VEC = 32
-SMEM_PER_CTA = 227 * 1024  # the most shared memory one CTA may take on sm_90 and sm_100
 
 
 @dataclass(frozen=True)
@@ -62,9 +60,7 @@ class LinearW4A16Config:
     bias: bool = False
     global_scale: bool = False
     sf_dtype: str = "u8"  # the scale tensor's element type as passed: "u8" or (nvfp4) "e4m3", so no view per call
-    stages: int = 0  # 0: loads straight to registers; 2..8: a producer warp's bulk copies into a ring this deep
-    x_rows: int = 0  # ring only: token rows of x a stage holds (>= min(M, tokens a CTA)); 0: tokens a CTA
-    max_registers: int = 0  # 0: as ptxas likes; else a cap (minimum CTAs per SM, so more warps stay resident)
+    max_registers: int = 0  # 0: as ptxas likes; else a cap, so that more warps stay resident (min CTAs per SM)
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -81,18 +77,10 @@ class LinearW4A16Config:
             raise ValueError("mxfp4 has no global scale")
         if self.sf_dtype not in ("u8", "e4m3") or (self.sf_dtype == "e4m3" and self.fmt != "nvfp4"):
             raise ValueError(f"sf_dtype must be 'u8' or (nvfp4) 'e4m3', got {self.sf_dtype!r} for {self.fmt}")
-
-        if self.stages != 0 and not 2 <= self.stages <= 8:
-            raise ValueError(f"stages must be 0 (no ring) or 2..8, got {self.stages}")
-        if self.x_rows not in (0, 1, 2, 4, 8, 16) or self.x_rows > self.tokens_per_cta or (
-                self.x_rows and not self.stages):
-            raise ValueError(f"x_rows must be 0 or a power of two up to the CTA's tokens, with a ring, got {self}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
-                                   or self.min_ctas_per_sm() < 1):
-            raise ValueError(f"max_registers must be 0 or a multiple of 8 in 24..248 that leaves a CTA room, got {self}")
-        if self.stages and self.ring_bytes() > SMEM_PER_CTA:
-            raise ValueError(f"the ring needs {self.ring_bytes()} bytes of shared memory, more than a CTA's "
-                             f"{SMEM_PER_CTA} (sm_90 and sm_100): fewer stages, k_warps or rows, got {self}")
+                                   or not 2 <= 65536 // (self.max_registers * self.threads) <= 32):
+            raise ValueError(f"max_registers must be 0 or a multiple of 8 in 24..248 at which 2 to 32 CTAs fill the "
+                             f"register file, got {self}")
 
     @property
     def mma_dtype(self) -> str:
@@ -114,33 +102,11 @@ class LinearW4A16Config:
 
     @property
     def threads(self) -> int:
-        return 32 * (self.row_warps * self.k_warps + (1 if self.stages else 0))
+        return 32 * self.row_warps * self.k_warps
 
     def min_ctas_per_sm(self) -> int:
-        """CTAs an SM must hold at max_registers a thread (what ptxas is told, so it caps the registers)."""
-        return min(32, 65536 // (self.max_registers * self.threads))
-
-    @property
-    def stage_k(self) -> int:
-        """K elements a ring stage holds: one 128-K step per k-warp."""
-        return STEP_K * self.k_warps
-
-    @property
-    def w_pitch(self) -> int:
-        """Bytes between W rows in a ring stage: the stage's bytes, plus 64 where that is a multiple of 128, so that
-        rows r and r + 1 fall in different bank halves (the 16-byte reads of a quarter warp do not conflict)."""
-        b = self.stage_k // 2
-        return b + (64 if b % 128 == 0 else 0)
-
-    @property
-    def ring_x_rows(self) -> int:
-        return self.x_rows or self.tokens_per_cta
-
-    def ring_bytes(self) -> int:
-        """Shared memory of the ring: W and x stages, the k-warp sums and the barriers."""
-        stage = self.rows_per_cta * self.w_pitch + self.ring_x_rows * self.stage_k * 2
-        red = 4 * self.groups * self.token_tiles * 32 * self.row_warps * self.k_warps * 4
-        return self.stages * stage + red + 16 * self.stages + 256
+        """The CTAs per SM that max_registers a thread allows (told to ptxas, which then caps the registers)."""
+        return 65536 // (self.max_registers * self.threads)
 
     def output_factor(self) -> float:
         """The power of two left on the fp32 sum by the scale fold (see NV_FOLD)."""
@@ -376,15 +342,12 @@ class LinearW4A16:
         grid = [(n + cfg.rows_per_cta - 1) // cfg.rows_per_cta, (m + cfg.tokens_per_cta - 1) // cfg.tokens_per_cta, 1]
         shape = dict(grid=grid, block=[cfg.threads, 1, 1])
         if const_expr(cfg.max_registers > 0):
-            # ptxas caps registers so that this many CTAs fit an SM (nvvm.minctasm). The shared-memory carve-out
-            # is given too (that many CTAs' worth, in percent of 228 KB), as the DSL otherwise asks the device.
+            # ptxas caps the registers so that this many CTAs fit an SM (nvvm.minctasm). The shared-memory carve-out
+            # goes with it (those CTAs' k-warp sums, in percent of 228 KB): the DSL would otherwise ask the device.
             ctas = cfg.min_ctas_per_sm()
-            smem = ctas * (cfg.ring_bytes() if cfg.stages else 4 * cfg.groups * cfg.token_tiles * 32 * self.warps * 4
-                           + 1024)
-            shape.update(min_blocks_per_mp=ctas, preferred_smem_carveout=min(100, -(-100 * smem // (228 * 1024))))
-        if const_expr(cfg.stages == 0):
-            return self.kernel(x_words, w_words, sf, mY, mGS, mBias, m, n, k), shape
-        return self.kernel_ring(x_words, w_words, sf, mY, mGS, mBias, m, n, k), shape
+            smem = ctas * (4 * cfg.groups * cfg.token_tiles * 32 * self.warps * 4 + 1024)
+            shape.update(min_blocks_per_mp=ctas, preferred_smem_carveout=-(-100 * smem // (228 * 1024)))
+        return self.kernel(x_words, w_words, sf, mY, mGS, mBias, m, n, k), shape
 
     # ------------------------------------------------------------ per step
 
@@ -528,8 +491,9 @@ class LinearW4A16:
         n_full = k // STEP_K
         my_steps = (n_full - wk + cfg.k_warps - 1) // cfg.k_warps
         # Loads go straight to registers, one step at a time. A second register buffer (loads of the next step
-        # in flight) and a per-thread cp.async ring of W in shared memory were both slower on the H200: the kernel
-        # is bound by issue slots and warps in flight, not by bytes in flight (BENCHMARKS.md, "The W4A16 linear").
+        # in flight), a per-thread cp.async ring of W in shared memory, a producer warp's bulk-copy ring, and L2
+        # prefetches a few steps ahead were all slower on the H200: the loop's issue slots and the warps that stay
+        # resident decide, not bytes in flight (BENCHMARKS.md, "The W4A16 linear").
         for st in cutlass.range(my_steps, unroll=cfg.unroll):
             step_regs = self.make_regs()
             self.load_step(step_regs, x_words, w_words, sf, wk + st * cfg.k_warps, rows, toks, c, True)
@@ -541,142 +505,10 @@ class LinearW4A16:
                 self.load_step(regs, x_words, w_words, sf, n_full, rows, toks, c, c < 2)
                 self.compute_step(regs, acc)
 
-        self.finish(acc, red, warp, lane, wr, wk, r, c, row0, bidy, mY, mGS, mBias, m, n)
-
-    @cute.kernel
-    def kernel_ring(self, x_words: cute.Tensor, w_words: cute.Tensor, sf: cute.Tensor, mY: cute.Tensor,
-                    mGS: cute.Tensor, mBias: cute.Tensor, m: Int32, n: Int32, k: Int32):
-        """The same MMAs fed through shared memory: warp `warps` (the producer) moves each stage, the CTA's W rows
-        and x rows over stage_k elements, with one bulk copy a row into a `stages`-deep ring; the consumer warps
-        read their step of each stage with 16-byte shared loads, so the bytes in flight cost shared memory, not
-        registers. Block scales go straight to registers one step ahead."""
-        cfg = self.cfg
-        n_stages = cfg.stages
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, bidy, _ = cute.arch.block_idx()
-        lane = tidx % 32
-        warp = tidx // 32
-        wr = warp % cfg.row_warps
-        wk = warp // cfg.row_warps
-        r = lane // 4
-        c = lane % 4
-        row0 = bidx * cfg.rows_per_cta + wr * (16 * cfg.groups)
-        tok0 = bidy * cfg.tokens_per_cta
-        cta_rows = cutlass.min(cfg.rows_per_cta, n - bidx * cfg.rows_per_cta)
-        cta_toks = cutlass.min(cfg.ring_x_rows, m - tok0)
-        pitch_w = cfg.w_pitch // 4  # words
-        words_x = cfg.stage_k // 2
-
-        smem = SmemAllocator()
-        sW = smem.allocate_tensor(
-            Uint32, cute.make_layout((cfg.rows_per_cta, pitch_w, n_stages),
-                                     stride=(pitch_w, 1, cfg.rows_per_cta * pitch_w)), 128)
-        sX = smem.allocate_tensor(
-            Uint32, cute.make_layout((cfg.ring_x_rows, words_x, n_stages),
-                                     stride=(words_x, 1, cfg.ring_x_rows * words_x)), 128)
-        per_thread = 4 * cfg.groups * cfg.token_tiles
-        red = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, self.warps)), 16)
-        mbar = smem.allocate_array(Int64, 2 * n_stages, byte_alignment=8)  # full[s], then empty[s]
-        if tidx == 0:
-            for s in cutlass.range_constexpr(n_stages):
-                cute.arch.mbarrier_init(mbar + s, 1)  # the producer's arrive, plus the stage's bytes
-                cute.arch.mbarrier_init(mbar + n_stages + s, self.warps)  # one arrive per consumer warp
-        cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
-
-        n_chunks = (k + cfg.stage_k - 1) // cfg.stage_k
-        acc = cute.make_rmem_tensor(cute.make_layout((4, cfg.groups, cfg.token_tiles)), Float32)
-        acc.fill(0.0)
-        if warp == self.warps:
-            policy = evict_first_policy()
-            w_base = w_words.iterator.toint()
-            x_base = x_words.iterator.toint()
-            for kc in cutlass.range(n_chunks):
-                s = kc % n_stages
-                wait_parity((mbar + n_stages + s).toint(), ((kc // n_stages) % 2) ^ 1)
-                k_here = cutlass.min(cfg.stage_k, k - kc * cfg.stage_k)
-                full = mbar + s
-                if lane == 0:
-                    cute.arch.mbarrier_arrive_and_expect_tx(full, cta_rows * (k_here // 2) + cta_toks * (k_here * 2))
-                cute.arch.sync_warp()
-                for i in cutlass.range_constexpr((cfg.rows_per_cta + 31) // 32):
-                    rr = lane + 32 * i
-                    if rr < cta_rows:
-                        src = w_base + Int64(w_words.layout((bidx * cfg.rows_per_cta + rr, kc * (cfg.stage_k // 8)))) * 4
-                        dst = sW.iterator.toint() + (s * cfg.rows_per_cta + rr) * cfg.w_pitch
-                        bulk_copy_g2s(dst, src, k_here // 2, full.toint(), policy)
-                if lane < cta_toks:
-                    src = x_base + Int64(x_words.layout((tok0 + lane, kc * (cfg.stage_k // 2)))) * 4
-                    dst = sX.iterator.toint() + (s * cfg.ring_x_rows + lane) * (cfg.stage_k * 2)
-                    bulk_copy_g2s(dst, src, k_here * 2, full.toint())
-        else:
-            rows = cute.make_rmem_tensor(cute.make_layout((cfg.groups, 2)), Int32)
-            for g in cutlass.range_constexpr(cfg.groups):
-                for h in cutlass.range_constexpr(2):
-                    rows[g, h] = cutlass.min(row0 + 16 * g + 8 * h + r, n - 1)
-            lrow0 = wr * (16 * cfg.groups) + r  # this thread's first row within the stage
-            xrows = cute.make_rmem_tensor(cute.make_layout(cfg.token_tiles), Int32)
-            for t in cutlass.range_constexpr(cfg.token_tiles):
-                xrows[t] = cutlass.min(8 * t + r, cta_toks - 1)
-            n_steps = (k + STEP_K - 1) // STEP_K  # the last may be half a step (K % 128 == 64)
-            rS_next = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Uint32)
-            self.scales_for(rS_next, sf, wk, rows, c, k)
-            for kc in cutlass.range(n_chunks):
-                s = kc % n_stages
-                step = kc * cfg.k_warps + wk
-                rW, rX, rS = self.make_regs()
-                for i in cutlass.range_constexpr(2 * cfg.groups):
-                    rS[i] = rS_next[i]
-                self.scales_for(rS_next, sf, step + cfg.k_warps, rows, c, k)
-                wait_parity((mbar + s).toint(), (kc // n_stages) % 2)
-                if step < n_steps:
-                    if STEP_K * step + 32 * c < k:
-                        for g in cutlass.range_constexpr(cfg.groups):
-                            for h in cutlass.range_constexpr(2):
-                                cute.autovec_copy(
-                                    cute.local_tile(sW[lrow0 + 16 * g + 8 * h, None, s], (4,), (4 * wk + c,)),
-                                    rW[None, h, g])
-                        for t in cutlass.range_constexpr(cfg.token_tiles):
-                            for v in cutlass.range_constexpr(4):
-                                cute.autovec_copy(
-                                    cute.local_tile(sX[xrows[t], None, s], (4,), (16 * wk + 4 * c + v,)),
-                                    cute.local_tile(rX[None, t], (4,), (v,)))
-                    else:
-                        rW.fill(0)
-                        rX.fill(0)
-                cute.arch.sync_warp()
-                if lane == 0:
-                    cute.arch.mbarrier_arrive(mbar + n_stages + s)
-                if step < n_steps:
-                    self.compute_step((rW, rX, rS), acc)
-        self.finish(acc, red, warp, lane, wr, wk, r, c, row0, bidy, mY, mGS, mBias, m, n)
-
-    @cute.jit
-    def scales_for(self, rS, sf, step, rows, c, k):
-        """This thread's block scales of `step` into rS; a finite stand-in where its K slice is past K (its codes
-        are zero there)."""
-        if STEP_K * step + 32 * c < k:
-            self.load_scales(rS, sf, step, rows, c)
-        else:
-            for i in cutlass.range_constexpr(cute.size(rS)):
-                rS[i] = Uint32(0x3838)
-
-    @cute.jit
-    def publish(self, acc, red, lane, warp):
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            red[i, lane, warp] = acc[i]
-
-    @cute.jit
-    def finish(self, acc, red, warp, lane, wr, wk, r, c, row0, bidy, mY, mGS, mBias, m, n):
-        """Sum the k-warps in warp order through shared memory; the k-warp 0 of each row slice stores. Warps past
-        the consumers (the ring's producer) only meet the barrier."""
-        cfg = self.cfg
+        # k-warps in warp order through shared memory, then one warp per row slice stores.
         if const_expr(cfg.k_warps > 1):
-            if const_expr(cfg.stages == 0):
-                self.publish(acc, red, lane, warp)
-            else:
-                if warp < self.warps:
-                    self.publish(acc, red, lane, warp)
+            for i in cutlass.range_constexpr(per_thread):
+                red[i, lane, warp] = acc[i]
             cute.arch.sync_threads()
         if wk == 0:
             factor = Float32(cfg.output_factor())

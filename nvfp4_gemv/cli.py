@@ -324,7 +324,7 @@ def _cmd_sweep(args) -> int:
         from nvfp4_gemv.linear import bench as LB
 
         args.out.mkdir(exist_ok=True)
-        LB.sweep(LB.SWEEP_CONFIGS, tokens=args.tokens, formats=args.formats, csv_path=args.out / "linear_sweep.csv",
+        LB.sweep(LB.sweep_configs(), tokens=args.tokens, formats=args.formats, csv_path=args.out / "linear_sweep.csv",
                  log=lambda s: print(s, flush=True))
         print(f"wrote {args.out / 'linear_sweep.csv'}")
         return 0
@@ -425,8 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--rows-per-thread", nargs="+", type=int, choices=(1, 2, 4), default=[1])
     w.add_argument("--out", type=_out_folder, default="bench-out", help="folder for sweep.csv (default: bench-out)")
     w.add_argument("--linear", action="store_true",
-                   help="the W4A16 linear instead: its candidate configs (nvfp4_gemv.linear.bench.SWEEP_CONFIGS) on "
-                        "its shapes; writes linear_sweep.csv")
+                   help="the W4A16 linear instead: every split its launcher chooses from (nvfp4_gemv.linear.bench."
+                        "sweep_configs) on its shapes; writes linear_sweep.csv")
     w.add_argument("--tokens", nargs="+", type=_positive_int, default=[1, 4, 8, 16], help="--linear: token counts M")
     w.add_argument("--formats", nargs="+", choices=("nvfp4", "mxfp4"), default=["nvfp4"], help="--linear: formats")
     w.set_defaults(func=_cmd_sweep)

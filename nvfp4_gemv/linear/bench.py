@@ -24,16 +24,6 @@ SHAPES = (
 TOKENS = (1, 2, 4, 8, 16)
 FORMATS = ("nvfp4", "mxfp4")
 POOL_BYTES = 256 << 20
-# The launcher's candidates: the dispatched config ({}), then the shared-memory ring with a producer warp at several
-# (groups, row_warps, k_warps, stages).
-SWEEP_CONFIGS = (
-    {}, dict(max_registers=48), dict(max_registers=40),
-    dict(groups=1, k_warps=8, max_registers=48), dict(groups=1, k_warps=4, max_registers=48),
-    dict(stages=4, groups=1, k_warps=8), dict(stages=4, groups=1, k_warps=8, max_registers=48),
-    dict(stages=4, groups=1, k_warps=8, max_registers=40),
-)
-
-
 def weight_bytes(n: int, k: int, fmt: str) -> int:
     """Bytes the linear must read: fp4 codes plus one scale byte per block (16 or 32 elements)."""
     return n * k // 2 + n * k // (16 if fmt == "nvfp4" else 32)
@@ -65,6 +55,13 @@ def ours(n, k, m, fmt, dtype=torch.bfloat16, **override):
     y = torch.empty(m, n, device="cuda", dtype=dtype)
     gst = torch.full((1,), 0.5, device="cuda") if gs else None
     return (lambda d: kernels.run(y, x, d[0], d[1].view(torch.uint8), fmt, "plain", gst, None, **override)), pool
+
+
+def sweep_configs(token_tiles: int = 1) -> list[dict]:
+    """The dispatched config ({}), then every (groups, k_warps, register cap) the launcher chooses from."""
+    from nvfp4_gemv.linear import kernels
+
+    return [{}] + [dict(groups=g, k_warps=q, max_registers=c) for g, q, c in kernels.candidates(token_tiles)]
 
 
 def sweep(configs, shapes=SHAPES, tokens=TOKENS, formats=("nvfp4",), csv_path=None, log=print):
@@ -160,7 +157,8 @@ def run(shapes=SHAPES, tokens=TOKENS, formats=FORMATS, peers: bool = True, csv_p
                 t = _time(lambda: ours(n, k, m, fmt))
                 q = _time(lambda: quack(n, k, m, fmt)) if peers else math.nan
                 cfg = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4")
-                desc = f"g{cfg.groups} kw{cfg.k_warps} t{cfg.token_tiles}"
+                desc = f"g{cfg.groups} kw{cfg.k_warps} t{cfg.token_tiles}" + (
+                    f" r{cfg.max_registers}" if cfg.max_registers else "")
                 row = dict(n=n, k=k, m=m, fmt=fmt, read_us=read, ours_us=t, ratio=t / read, quack_us=q,
                            quack_over_ours=q / t, cublas_us=cub[m], cublas_over_ours=cub[m] / t, config=desc)
                 rows.append(row)

@@ -23,37 +23,51 @@ H200_SMS = 132
 # The kernel is bound by issue slots and warps in flight, so the best split on the H200 sweep is the one that fills
 # one wave of resident warps with the most K steps each (BENCHMARKS.md, "The W4A16 linear"). Resident warps come
 # from the registers a config takes (ptxas for sm_90a, allocated in steps of 8; tests/test_linear_kernel.py checks
-# the table). On ties, more groups (x is reused across more rows).
+# the table). A split may also run with its registers capped (CAPS), which lets more warps stay resident at the
+# price of a spill or two: it is taken only where that is what fits the split in one wave. On ties: uncapped first,
+# then more groups (x is reused across more rows).
 SPLITS = ((2, 1), (1, 1), (1, 2), (2, 2), (2, 4), (1, 4), (2, 8), (1, 8), (1, 16))
 REGISTERS = {(1, 1): 64, (2, 1): 72, (1, 2): 80, (2, 2): 128}  # (groups, token_tiles) -> registers a thread
+CAPS = {(1, 1): 48}  # (groups, token_tiles) -> a register cap ptxas meets with one spilled pair in the loop
 REGISTER_FILE = 65536
 MAX_WARPS_PER_SM = 64
-MIN_STEPS_PER_WARP = 2
+MAX_CTAS_PER_SM = 32
 
 
-def resident_warps(groups: int, k_warps: int, token_tiles: int) -> int:
+def resident_warps(groups: int, k_warps: int, token_tiles: int, cap: int = 0) -> int:
     """Warps of this config one SM holds at once (register-limited)."""
-    ctas = REGISTER_FILE // (REGISTERS[(groups, token_tiles)] * 32 * k_warps)
+    ctas = min(REGISTER_FILE // ((cap or REGISTERS[(groups, token_tiles)]) * 32 * k_warps), MAX_CTAS_PER_SM)
     return min(ctas * k_warps, MAX_WARPS_PER_SM)
 
 
-def choose_split(n: int, k: int, sms: int, token_tiles: int = 1) -> tuple[int, int]:
-    """(groups, k_warps) for N rows of K: the most warps that fit one resident wave, at least MIN_STEPS_PER_WARP
-    128-K steps each; where none fits (very large N), the one with the fewest waves."""
-    steps = max(1, k // 128)
-    best, best_warps = None, -1
-    fewest, fewest_waves = None, None
+def candidates(token_tiles: int):
+    """(groups, k_warps, register cap or 0) the launcher may choose from."""
     for groups, k_warps in SPLITS:
-        wave = resident_warps(groups, k_warps, token_tiles) * sms
+        yield groups, k_warps, 0
+        cap = CAPS.get((groups, token_tiles))
+        if cap and 2 <= REGISTER_FILE // (cap * 32 * k_warps) <= MAX_CTAS_PER_SM:
+            yield groups, k_warps, cap
+
+
+def choose_split(n: int, k: int, sms: int, token_tiles: int = 1) -> tuple[int, int, int]:
+    """(groups, k_warps, register cap) for N rows of K: the most warps that fit one resident wave, with the k-warps
+    at least 3/4 busy (K's steps over k_warps x the most steps a k-warp takes); where none fits (very large N), the
+    fewest waves."""
+    steps = max(1, k // 128)
+    best, best_key = None, None
+    fewest, fewest_waves = None, None
+    for groups, k_warps, cap in candidates(token_tiles):
+        wave = resident_warps(groups, k_warps, token_tiles, cap) * sms
         if wave == 0:
             continue
         warps = -(-n // (16 * groups)) * k_warps
-        if fewest_waves is None or warps / wave < fewest_waves:
-            fewest, fewest_waves = (groups, k_warps), warps / wave
-        if k_warps > 1 and steps < MIN_STEPS_PER_WARP * k_warps:
+        if cap == 0 and (fewest_waves is None or warps / wave < fewest_waves):
+            fewest, fewest_waves = (groups, k_warps, cap), warps / wave
+        if 4 * steps < 3 * k_warps * -(-steps // k_warps):
             continue
-        if warps <= wave and (warps > best_warps or (warps == best_warps and groups > best[0])):
-            best, best_warps = (groups, k_warps), warps
+        key = (warps, cap == 0, groups)
+        if warps <= wave and (best_key is None or key > best_key):
+            best, best_key = (groups, k_warps, cap), key
     return best if best is not None else fewest
 
 
@@ -61,19 +75,11 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
                sms: int = H200_SMS, **override):
     """The kernel config for one call shape: 8 tokens a CTA up to M = 8, else 16; the split from choose_split."""
     token_tiles = 1 if m <= 8 else 2
-    groups, k_warps = choose_split(n, k, sms, token_tiles)
+    groups, k_warps, cap = choose_split(n, k, sms, token_tiles)
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
-               groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale)
+               groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap)
     cfg.update(override)
-    if cfg.get("stages") and not cfg.get("x_rows"):
-        cfg["x_rows"] = x_rows_for(m, cfg["token_tiles"])
     return LinearW4A16Config(**cfg)
-
-
-def x_rows_for(m: int, token_tiles: int) -> int:
-    """Token rows of x a ring stage must hold: the CTA's tokens, M of them at most, rounded up to a power of two (one
-    compiled kernel serves M = 3 and 4, 5 to 8, 9 to 16)."""
-    return min(8 * token_tiles, 1 << (m - 1).bit_length())
 
 
 _DUMMIES: dict = {}
@@ -93,7 +99,7 @@ _PLANS: dict = {}  # (device, M <= 8, N, K, fmt, layout, x dtype, scale dtype, b
 def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
     """(compiled function, global-scale stand-in, bias stand-in) for a call shape: the config chosen and compiled
     on first use and kept per key; with `override` (config fields, for sweeps) chosen afresh and not kept."""
-    key = (device, x_rows_for(m, 1 if m <= 8 else 2), n, k, fmt, scale_layout, x_dtype, scale_dtype, has_bias, has_global_scale)
+    key = (device, m <= 8, n, k, fmt, scale_layout, x_dtype, scale_dtype, has_bias, has_global_scale)
     plan = None if override else _PLANS.get(key)
     if plan is None:
         fields = {"sf_dtype": _SF_DTYPES[scale_dtype], **override}
@@ -133,4 +139,5 @@ def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layou
     tiles = -(-m // cfg.tokens_per_cta)
     note = "" if m <= 16 else f"; M > 16: {tiles} token tiles of {cfg.tokens_per_cta}, W read once per tile"
     return (f"linear_w4a16 {fmt} {xd}: {path}, {cfg.mma_dtype} MMA, groups={cfg.groups} row_warps={cfg.row_warps} "
-            f"k_warps={cfg.k_warps} token_tiles={cfg.token_tiles}{note}")
+            f"k_warps={cfg.k_warps} token_tiles={cfg.token_tiles}"
+            + (f" max_registers={cfg.max_registers}" if cfg.max_registers else "") + note)
