@@ -28,7 +28,7 @@ H200_SMS = 132
 # then more groups (x is reused across more rows).
 SPLITS = ((2, 1), (1, 1), (1, 2), (2, 2), (2, 4), (1, 4), (2, 8), (1, 8), (1, 16))
 REGISTERS = {(1, 1): 64, (2, 1): 72, (1, 2): 80, (2, 2): 128}  # (groups, token_tiles) -> registers a thread
-CAPS = {(1, 1): 48, (1, 2): 64}  # (groups, token_tiles) -> a register cap ptxas meets with a spill or two
+CAPS = {(1, 1): 48}  # (groups, token_tiles) -> a register cap ptxas meets with one spilled pair in the loop
 REGISTER_FILE = 65536
 MAX_WARPS_PER_SM = 64
 MAX_CTAS_PER_SM = 32
