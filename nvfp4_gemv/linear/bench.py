@@ -115,15 +115,16 @@ def host_table(n=4096, k=4096, m=1, log=print) -> dict:
     w, sf = random_weights(n, k, "nvfp4")
     gs = torch.full((1,), 0.5, device="cuda")
     fp4_linear(x, w, sf, "nvfp4", 0.5)
-    kernels.run(y, x, w, sf, "nvfp4", "plain", gs, None)
+    launch = kernels.bind(n, k, x.device, x.dtype, sf.dtype, "nvfp4", "plain", True, False)
+    launch(y, x, w, sf, gs, None)
     fn, _, bias_dummy = kernels.plan_for(m, n, k, x.device, x.dtype, sf.dtype, "nvfp4", "plain", True, False)
     xs = torch.randn(1, 256, device="cuda").to(torch.bfloat16)
     ws = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
     rows = {
         "fp4_linear (eager op)": lambda d: fp4_linear(x, w, sf, "nvfp4", 0.5),
-        "kernels.run (plan lookup + launch)": lambda d: kernels.run(y, x, w, sf, "nvfp4", "plain", gs, None),
+        "bound launch (size check + plan + launch)": lambda d: launch(y, x, w, sf, gs, None),
         "raw TVM-FFI function": lambda d: fn(x, w, sf, y, gs, bias_dummy),
-        "torch.empty of y": lambda d: torch.empty((m, n), dtype=torch.bfloat16, device="cuda"),
+        "torch.empty of y": lambda d: torch.empty(m, n, dtype=torch.bfloat16, device="cuda"),
         "F.linear, 1 x 256 x 256 bf16": lambda d: torch.nn.functional.linear(xs, ws),
     }
     out = {}

@@ -112,19 +112,33 @@ def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_globa
     return plan
 
 
+def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
+    """The launch of one call signature (everything but M and the data): `launch(out2d, x2d, weight_u8, scale,
+    global_scale, bias)`. A call costs the size check (M enters it), one dict lookup and the TVM-FFI launch; the
+    config is chosen and compiled on the first call with M <= 8 and the first with M > 8."""
+    plans = {}
+
+    def launch(out2d, x2d, weight_u8, scale, global_scale, bias):
+        m = x2d.shape[0]
+        if not LinearW4A16.can_implement(m, n, k):
+            raise ValueError(f"fp4_linear: (M, N, K) = ({m}, {n}, {k}) is too large or malformed for the kernel: "
+                             f"{LinearW4A16.can_implement.__doc__} Split the call along M or N.")
+        plan = plans.get(m <= 8)
+        if plan is None:
+            plan = plans[m <= 8] = plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout,
+                                            has_global_scale, has_bias, **override)
+        fn, gs_dummy, bias_dummy = plan
+        fn(x2d, weight_u8, scale, out2d, gs_dummy if global_scale is None else global_scale,
+           bias_dummy if bias is None else bias)
+
+    return launch
+
+
 def run(out2d, x2d, weight_u8, scale, fmt, scale_layout, global_scale, bias, **override) -> None:
     """out2d[M, N] = x2d · dequant(W)ᵀ (+ bias), on torch's current stream. Operands already validated; the scales
-    may be uint8 or (NVFP4) float8_e4m3fn, read as bytes either way. A call costs the size check, one dict lookup
-    and the TVM-FFI launch; the config is chosen and compiled on the first call of its key."""
-    m, k = x2d.shape
-    n = weight_u8.shape[0]
-    if not LinearW4A16.can_implement(m, n, k):
-        raise ValueError(f"fp4_linear: (M, N, K) = ({m}, {n}, {k}) is too large or malformed for the kernel: "
-                         f"{LinearW4A16.can_implement.__doc__} Split the call along M or N.")
-    fn, gs_dummy, bias_dummy = plan_for(m, n, k, x2d.device, x2d.dtype, scale.dtype, fmt, scale_layout,
-                                        global_scale is not None, bias is not None, **override)
-    fn(x2d, weight_u8, scale, out2d, gs_dummy if global_scale is None else global_scale,
-       bias_dummy if bias is None else bias)
+    may be uint8 or (NVFP4) float8_e4m3fn, read as bytes either way. `bind`, for one call."""
+    bind(weight_u8.shape[0], x2d.shape[1], x2d.device, x2d.dtype, scale.dtype, fmt, scale_layout,
+         global_scale is not None, bias is not None, **override)(out2d, x2d, weight_u8, scale, global_scale, bias)
 
 
 def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layout: str = "plain") -> str:

@@ -6,8 +6,8 @@ implementation validates from metadata and returns an empty y of the right shape
 while tracing. CUDA runs `nvfp4_gemv.linear.kernels.run`; other devices run the fp32 reference.
 
 `fp4_linear` calls the op while torch.compile traces. In eager mode a CUDA call skips the dispatcher: `EagerLinear`
-validates once per metadata signature (as nvfp4_gemv.dispatch does), then per call checks two pointers' alignment,
-allocates y and launches. A python-float global_scale reaches the kernel as a cached 1-element fp32 device tensor
+validates and binds the launch once per metadata signature (as nvfp4_gemv.dispatch does), then per call checks two
+pointers' alignment, allocates y and launches. A python-float global_scale reaches the kernel as a cached 1-element fp32 device tensor
 (a first call with a new value copies it to the device, so warm up before capturing a CUDA graph); under
 torch.compile it becomes a `torch.full` in the graph. Other devices run the reference, a float kept as a float.
 """
@@ -37,27 +37,48 @@ _KERNEL_SF_DTYPES = (torch.uint8, torch.float8_e4m3fn)  # scale dtypes the kerne
 
 
 class EagerLinear:
-    """The eager CUDA path: validation cached per metadata signature, then one allocation (y) and one launch.
+    """The eager CUDA path: validation and launch binding cached per metadata signature, then one allocation (y)
+    and one launch.
 
-    `launch` is `nvfp4_gemv.linear.kernels.run` (imported on first use) or, in tests, a stand-in with its
-    signature `(out2d, x2d, weight_u8, scale, fmt, scale_layout, global_scale, bias)`. A signature holds the
-    format, layout, x's dtype, device and K, and the dtype, shape, strides and device of every other tensor (a
-    float global_scale only as "a float": its finiteness is checked per call). M is not in it, so a new number of
-    tokens costs no validation. Per call: the alignment of weight and weight_scale (their addresses are not in
-    the signature), and x made contiguous and 16-byte aligned if it is not (activations may be copied).
+    `launch` is None for the kernels (`nvfp4_gemv.linear.kernels.bind`, imported on first use) or, in tests, a
+    stand-in with the signature of `kernels.run`: `(out2d, x2d, weight_u8, scale, fmt, scale_layout,
+    global_scale, bias)`. A signature holds the format, layout, x's dtype, device and K, and the dtype, shape,
+    strides and device of every other tensor (a float global_scale only as "a float": its finiteness is checked per
+    call). M is not in it, so a new number of tokens costs no validation. Per call: the alignment of weight and
+    weight_scale (their addresses are not in the signature), and x made contiguous and 16-byte aligned if it is not
+    (activations may be copied).
     """
 
     def __init__(self, launch=None):
         self._launch = launch
-        self.signatures: set = set()
+        self.launches: dict = {}  # signature -> launch(out2d, x2d, weight, weight_scale, global_scale, bias)
         self.scale_tensors: dict = {}  # (float value, device) -> 1-element fp32 tensor on that device
 
-    def launcher(self):
-        if self._launch is None:
-            from nvfp4_gemv.linear import kernels
+    def bind(self, x, weight, weight_scale, fmt, scale_layout, global_scale, bias):
+        """The launch of a validated signature, taking weight and weight_scale as the caller passed them (the views
+        the kernel reads them through are fixed by their dtypes, which the signature holds)."""
+        w_view = weight.dtype != torch.uint8
+        sf_view = weight_scale.dtype not in _KERNEL_SF_DTYPES
+        if self._launch is not None:
+            stand_in = self._launch
 
-            self._launch = kernels.run
-        return self._launch
+            def go(out, x2d, w, sf, gs, b):
+                stand_in(out, x2d, w.view(torch.uint8) if w_view else w, sf.view(torch.uint8) if sf_view else sf,
+                         fmt, scale_layout, gs, b)
+
+            return go
+        from nvfp4_gemv.linear import kernels
+
+        launch = kernels.bind(weight.shape[0], x.shape[-1], x.device, x.dtype,
+                              torch.uint8 if sf_view else weight_scale.dtype, fmt, scale_layout,
+                              global_scale is not None, bias is not None)
+        if not (w_view or sf_view):
+            return launch
+
+        def viewed(out, x2d, w, sf, gs, b):
+            launch(out, x2d, w.view(torch.uint8) if w_view else w, sf.view(torch.uint8) if sf_view else sf, gs, b)
+
+        return viewed
 
     def scale_tensor(self, value, device: torch.device) -> torch.Tensor:
         """The cached 1-element fp32 tensor holding the float `value` on `device`."""
@@ -73,9 +94,11 @@ class EagerLinear:
             key = (fmt, scale_layout, x.dtype, device, k, weight.dtype, weight.shape, weight.stride(),
                    weight.device, weight_scale.dtype, weight_scale.shape, weight_scale.stride(), weight_scale.device,
                    None if global_scale is None else _meta(global_scale), None if bias is None else _meta(bias))
-            if key not in self.signatures:
+            launch = self.launches.get(key)
+            if launch is None:
                 validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias, check_pointers=True)
-                self.signatures.add(key)
+                launch = self.launches[key] = self.bind(x, weight, weight_scale, fmt, scale_layout, global_scale,
+                                                        bias)
             if weight.data_ptr() % PTR_ALIGN or weight_scale.data_ptr() % PTR_ALIGN:
                 validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias, check_pointers=True)
         except (AttributeError, IndexError, TypeError):
@@ -90,11 +113,9 @@ class EagerLinear:
         if not x2d.is_contiguous() or x2d.data_ptr() % PTR_ALIGN:
             x2d = x2d.clone(memory_format=torch.contiguous_format)
         m = x2d.shape[0]
-        out = torch.empty((m, n), dtype=x.dtype, device=device)
+        out = torch.empty(m, n, dtype=x.dtype, device=device)  # sizes as arguments: faster than a tuple
         if m:
-            self.launcher()(out, x2d, weight if weight.dtype == torch.uint8 else weight.view(torch.uint8),
-                            weight_scale if weight_scale.dtype in _KERNEL_SF_DTYPES else weight_scale.view(torch.uint8),
-                            fmt, scale_layout, global_scale, bias)
+            launch(out, x2d, weight, weight_scale, global_scale, bias)
         return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
 
