@@ -28,13 +28,34 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32, Uint8, Uint32, const_expr
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cute_kernels import decode
 from cute_kernels.compile import GemvLaunch, SmemAllocator, gemv_fake_tensors, load_atom
+from cute_kernels.ptx import inline_ptx
 from layouts.constants import SF_KINDS
 from layouts.sf_cute import sf_layout_by_col
 
 PIECE_K = 32  # K elements per thread per step: one 16-byte load of A
+
+
+@dsl_user_op
+def cluster_sync(*, loc=None, ip=None) -> None:
+    """`barrier.cluster.arrive` (release) then `barrier.cluster.wait` (acquire): every thread of the cluster."""
+    inline_ptx(None, [], "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;",
+               "~{memory}", side_effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ld_shared_cluster_f32(smem_addr, rank, *, loc=None, ip=None) -> Float32:
+    """The fp32 at this CTA's shared address `smem_addr` in the shared memory of cluster CTA `rank` (mapa, then
+    ld.shared::cluster)."""
+    v = inline_ptx(
+        T.f32(), [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int32(rank).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b32 a;\n\tmapa.shared::cluster.u32 a, $1, $2;\n\tld.shared::cluster.f32 $0, [a];\n\t}",
+        "=f,r,r,~{memory}", side_effects=True, loc=loc, ip=ip,
+    )
+    return Float32(v)
 PIECE_WORDS = PIECE_K // 8
 
 
@@ -47,6 +68,7 @@ class GemvSimtConfig:
     r_lanes: int = 8  # lanes of a warp along r; the other 32 / r_lanes lanes take consecutive K pieces
     rows_per_thread: int = 1  # r values per thread; a CTA covers 4·r_lanes·rows_per_thread rows of one slab
     unroll: int = 2  # unroll of the K-step loop
+    k_splits: int = 1  # CTAs of a thread-block cluster that split K for the same rows (their sums meet in shared memory)
 
     def __post_init__(self):
         if self.sf_kind not in SF_KINDS:
@@ -57,6 +79,8 @@ class GemvSimtConfig:
             raise ValueError(f"warps must be in 1..32, got {self.warps}")
         if self.r_lanes not in (2, 4, 8) or self.rows_per_thread * self.r_lanes > 32:
             raise ValueError(f"r_lanes must be 2, 4 or 8 with r_lanes·rows_per_thread <= 32, got {self}")
+        if self.k_splits not in (1, 2, 4, 8):
+            raise ValueError(f"k_splits must be 1, 2, 4 or 8 (a portable cluster), got {self.k_splits}")
 
     @property
     def c_lanes(self) -> int:
@@ -112,7 +136,10 @@ class GemvSimt(GemvLaunch):
         )
         c_ml = cute.make_tensor(mC.iterator, cute.make_layout((m, l), stride=(1, mC.stride[2])))
         n_slabs = (m + 127) // 128
-        shape = dict(grid=[n_slabs * self.cfg.ctas_per_slab, l, 1], block=[32 * self.warps, 1, 1])
+        splits = self.cfg.k_splits
+        shape = dict(grid=[n_slabs * self.cfg.ctas_per_slab * splits, l, 1], block=[32 * self.warps, 1, 1])
+        if const_expr(splits > 1):
+            shape["cluster"] = [splits, 1, 1]  # consecutive CTAs: one row block, K split over them
         return self.kernel(a_words, b_words, sfa, sfb, c_ml, m, k), shape
 
     @cute.jit
@@ -183,6 +210,11 @@ class GemvSimt(GemvLaunch):
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         bidx, bidl, _ = cute.arch.block_idx()
+        splits = cfg.k_splits
+        split = 0
+        if const_expr(splits > 1):
+            split = bidx % splits  # the CTA's rank in its cluster
+            bidx = bidx // splits
         lane = tidx % 32
         warp = tidx // 32
         ri = lane // cfg.c_lanes
@@ -191,11 +223,12 @@ class GemvSimt(GemvLaunch):
         r_first = (bidx % cfg.ctas_per_slab) * (cfg.rows_per_cta // 4) + ri
 
         n_pieces = k // PIECE_K
-        pieces_per_step = cfg.c_lanes * self.warps
+        pieces_per_step = cfg.c_lanes * self.warps * splits
         n_full = n_pieces // pieces_per_step  # steps where every lane has a piece: no guard in the hot loop
 
         smem = SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout((cfg.rows_per_cta, self.warps)), 16)
+        part = smem.allocate_tensor(Float32, cute.make_layout(cfg.rows_per_cta), 16) if splits > 1 else None
         lut_slots = smem.allocate_tensor(Uint32, cute.make_layout((2, 32)), 16)
         luts = decode.lut_registers(self.arch, lut_slots[None, lane])
         acc = cute.make_rmem_tensor(cute.make_layout((self.rr, 4)), Float32)
@@ -203,8 +236,8 @@ class GemvSimt(GemvLaunch):
         # The loop is unrolled so that ptxas can issue the next step's loads before this step's math. An explicit
         # register double buffer, a per-thread cp.async ring in shared memory and an L2 prefetch of the pieces
         # ahead were all slower on the H200 (BENCHMARKS.md, "Tried, measured, and the verdict").
-        piece_stride = self.warps * cfg.c_lanes
-        piece0 = warp * cfg.c_lanes + c
+        piece_stride = pieces_per_step
+        piece0 = (warp if splits == 1 else split * self.warps + warp) * cfg.c_lanes + c
         for st in cutlass.range(n_full, unroll=cfg.unroll):
             piece = piece0 + st * piece_stride
             bufs = self.make_buffers()
@@ -233,5 +266,24 @@ class GemvSimt(GemvLaunch):
             s = red[tidx, 0]
             for w in cutlass.range_constexpr(1, self.warps):
                 s = s + red[tidx, w]
-            if row < m:
-                c_ml[row, bidl] = s.to(Float16)
+            if const_expr(splits == 1):
+                if row < m:
+                    c_ml[row, bidl] = s.to(Float16)
+            else:
+                part[tidx] = s
+        if const_expr(splits > 1):
+            # The cluster's CTAs in rank order, read by rank 0 from their shared memory; the second barrier keeps
+            # every CTA (and its shared memory) alive until rank 0 has read it.
+            cluster_sync()
+            if split == 0 and tidx < cfg.rows_per_cta:
+                q = tidx // (cfg.r_lanes * self.rr)
+                i = (tidx // cfg.r_lanes) % self.rr
+                r = (bidx % cfg.ctas_per_slab) * (cfg.rows_per_cta // 4) + tidx % cfg.r_lanes + cfg.r_lanes * i
+                row = slab * 128 + q * 32 + r
+                s = part[tidx]
+                addr = (part.iterator + tidx).toint()
+                for z in cutlass.range_constexpr(1, splits):
+                    s = s + ld_shared_cluster_f32(addr, z)
+                if row < m:
+                    c_ml[row, bidl] = s.to(Float16)
+            cluster_sync()

@@ -308,7 +308,8 @@ def sweep_simt_configs(shapes, configs, log=print):
     return out
 
 
-SWEEP_FIELDS = ("m", "k", "l", "warps", "r_lanes", "unroll", "rows_per_thread", "graph_us", "read_graph_us", "x_read")
+SWEEP_FIELDS = ("m", "k", "l", "warps", "r_lanes", "unroll", "rows_per_thread", "k_splits", "graph_us", "read_graph_us",
+                "x_read")
 
 
 def sweep_rows(shapes, configs, log=print):
@@ -323,7 +324,8 @@ def sweep_rows(shapes, configs, log=print):
         for cfg in configs:
             us = results[((m, k, l), cfg)]
             rows.append(dict(m=m, k=k, l=l, warps=cfg.warps, r_lanes=cfg.r_lanes, unroll=cfg.unroll,
-                             rows_per_thread=cfg.rows_per_thread, graph_us=us, read_graph_us=read, x_read=us / read))
+                             rows_per_thread=cfg.rows_per_thread, k_splits=cfg.k_splits, graph_us=us,
+                             read_graph_us=read, x_read=us / read))
         log(f"{m:>6} {k:>6} {l:>2}  stream read {read:8.2f} us; best config x{min(r['x_read'] for r in rows[-len(configs):]):.3f}")
     return rows
 

@@ -328,8 +328,9 @@ def _cmd_sweep(args) -> int:
                  log=lambda s: print(s, flush=True))
         print(f"wrote {args.out / 'linear_sweep.csv'}")
         return 0
-    configs = [GemvSimtConfig(warps=w, r_lanes=r, unroll=u, rows_per_thread=t)
-               for w, r, u, t in itertools.product(args.warps, args.r_lanes, args.unroll, args.rows_per_thread)]
+    configs = [GemvSimtConfig(warps=w, r_lanes=r, unroll=u, rows_per_thread=t, k_splits=s)
+               for w, r, u, t, s in itertools.product(args.warps, args.r_lanes, args.unroll, args.rows_per_thread,
+                                                      args.k_splits)]
     rows = sweep_rows(args.shapes or list(SUITES[args.suite]), configs, log=Progress())
     args.out.mkdir(exist_ok=True)
     with open(args.out / "sweep.csv", "w", newline="") as f:
@@ -423,6 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--r-lanes", nargs="+", type=int, choices=(2, 4, 8), default=[2, 4, 8])
     w.add_argument("--unroll", nargs="+", type=_positive_int, default=[2, 4])
     w.add_argument("--rows-per-thread", nargs="+", type=int, choices=(1, 2, 4), default=[1])
+    w.add_argument("--k-splits", nargs="+", type=int, choices=(1, 2, 4, 8), default=[1],
+                   help="CTAs of a cluster splitting K (default: 1)")
     w.add_argument("--out", type=_out_folder, default="bench-out", help="folder for sweep.csv (default: bench-out)")
     w.add_argument("--linear", action="store_true",
                    help="the W4A16 linear instead: every split its launcher chooses from (nvfp4_gemv.linear.bench."

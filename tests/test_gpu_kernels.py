@@ -189,6 +189,74 @@ def test_tma_kernel_bit_identical_across_runs_and_nan_scales():
         assert torch.equal(run(data).view(torch.int16), first.view(torch.int16))
 
 
+# The CUDA-core kernel with K split over the CTAs of a cluster (GemvSimtConfig.k_splits), called directly: every
+# split dispatch can choose, and odd ones (rows_per_thread 2, plain scales, 8 CTAs of 8 warps).
+SPLIT_CONFIGS = {
+    "w16s2": dict(warps=16, r_lanes=2, unroll=4, k_splits=2),
+    "w4s4": dict(warps=4, r_lanes=2, k_splits=4),
+    "w2s8": dict(warps=2, r_lanes=2, k_splits=8),
+    "w8s8": dict(warps=8, r_lanes=2, unroll=4, k_splits=8),
+    "w2s2r4t2": dict(warps=2, r_lanes=4, rows_per_thread=2, k_splits=2),
+}
+
+
+def _split(name, sf_kind="permuted"):
+    from cute_kernels.gemv_simt import GemvSimt, GemvSimtConfig
+    from nvfp4_gemv.bench import on_torch_stream
+
+    fn = on_torch_stream(GemvSimt, GemvSimtConfig(sf_kind=sf_kind, **SPLIT_CONFIGS[name]))
+    sf = (4, 5) if sf_kind == "permuted" else (2, 3)
+
+    def run(data):
+        c = data[-1]
+        c.fill_(float("nan"))
+        fn(data[0], data[1], data[sf[0]], data[sf[1]], c)
+        torch.cuda.synchronize()
+        return c.clone()
+
+    return run
+
+
+@pytest.mark.parametrize("config", SPLIT_CONFIGS)
+@pytest.mark.parametrize("m,k,l", SHAPES)
+def test_k_split_kernel_contest_and_full_range(m, k, l, config):
+    run = _split(config)
+    data = generate_input(m, k, l, seed=4000 + m + k + l, device="cuda")
+    assert torch.equal(run(data), _ref(data))
+    data = generate_full_range(m, k, l, seed=5 * m + k + l, device="cuda")
+    ok, msg = check_fp32_bound(run(data), data)
+    assert ok, msg
+
+
+@pytest.mark.parametrize("config", ["w4s4", "w2s2r4t2"])
+@pytest.mark.parametrize("m,k,l", list(ODD_SHAPES) + [(576, 7168, 1)])
+def test_k_split_kernel_plain_scales(m, k, l, config):
+    run = _split(config, "plain")
+    data = generate_input(m, k, l, seed=6000 + m + k + l, device="cuda")
+    assert torch.equal(run(data), _ref(data))
+
+
+@pytest.mark.parametrize("config", ["w4s4", "w8s8"])
+@pytest.mark.parametrize("m,k,l", [(128, 256, 1), (129, 320, 2), (1000, 1088, 3)])
+def test_k_split_kernel_one_hot_probes_bit_exact(m, k, l, config):
+    run = _split(config)
+    for col in sorted({0, 1, 15, 16, 17, 31, 32, 63, k // 2 + 1, k - 1}):
+        data = one_hot_probe(m, k, l, col, seed=col, device="cuda")
+        out = run(data)
+        assert torch.equal(out.view(torch.int16), probe_expected(data, col).to(out.device).view(torch.int16)), col
+
+
+def test_k_split_kernel_bit_identical_across_runs_and_nan_scales():
+    run = _split("w4s4")
+    data = generate_full_range(576, 7168, 2, seed=12, device="cuda", nonfinite=True)
+    first = run(data)
+    ok, msg = check_fp32_bound(first, data)
+    assert ok, msg
+    assert torch.isnan(first).any()
+    for _ in range(50):
+        assert torch.equal(run(data).view(torch.int16), first.view(torch.int16))
+
+
 @pytest.mark.parametrize("nbytes", [16, 4096, 1 << 20, (33_071_104 // 16 + 3) * 16])
 def test_stream_read_reads_every_word(nbytes):
     """The roofline kernel of `nvfp4-gemv bench` must read every 16-byte chunk: a buffer of zeros with the sentinel

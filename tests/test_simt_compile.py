@@ -71,6 +71,21 @@ def test_sm90a_ptx(ptx_of, sf_kind):
         assert _count(ptx, r"ld\.global\.L1::no_allocate\.v4\.b32") >= 5
 
 
+@pytest.mark.parametrize("gpu_arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_k_split_meets_in_cluster_shared_memory(ptx_of, gpu_arch, splits):
+    """K split over a cluster's CTAs: rank 0 reads the other ranks' row sums from their shared memory (mapa +
+    ld.shared::cluster, one read per other rank, in rank order), between two cluster barriers; no atomics, and no
+    global workspace. Without a split, none of it."""
+    for call in ("tvm_ffi", "pointers"):
+        ptx = ptx_of(gpu_arch, "permuted", call=call, warps=4, r_lanes=2, k_splits=splits)
+        assert _count(ptx, r"mapa\.shared::cluster") == _count(ptx, r"ld\.shared::cluster\.f32") == splits - 1
+        assert _count(ptx, r"barrier\.cluster\.arrive\.release") == (2 if splits > 1 else 0)
+        assert _count(ptx, r"barrier\.cluster\.wait\.acquire") == (2 if splits > 1 else 0)
+        assert _count(ptx, r"\b(atom|red)\.") == 0
+        assert _count(ptx, r"ld\.local|st\.local") == 0
+
+
 def test_sm100a_cuda_core_variant_uses_the_hardware_fp4_decode(ptx_of):
     ptx = ptx_of("sm_100a")
     assert ".target sm_100a" in ptx
