@@ -43,8 +43,17 @@ TC_CONFIGS = {"tc": gemv_tc_sm100.GemvTcSm100Config(), "tc128": gemv_tc_sm100.Ge
 # per SM are in flight, so warps per CTA (each on its own K windows, summed in a fixed order) grow until the grid
 # holds that many. r_lanes = 2 (256-byte row pieces) except at K <= 2048 with rows to spare, where 128-byte pieces
 # (r_lanes = 4) measured faster; CTAs of 8 or more warps take the 4-step unroll.
+# Where the grid is short of warps even at 16 a CTA (a second sweep, docs/sweep_h200_small_m.csv: small M·L, warps
+# 2-16 × K split over 1-8 CTAs of a cluster; BENCHMARKS.md, "Few rows"):
+# - 16-warp CTAs (two fit an SM) only where there are no more CTAs than SMs and K gives a warp at least half a step;
+#   else 8 with the 2-step unroll (1536 x 7168 x 1: 1.27 x the read against 1.55);
+# - with K of 32 or more 512-element steps, 8-warp CTAs with K split over a cluster of k_splits of them, about 8
+#   steps a CTA, while the clusters fit one resident wave (256 x 28672 x 1: 1.54 against 2.09).
 WARPS_PER_SM = 19
 WARP_CHOICES = (2, 4, 8, 16)
+SPLIT_MIN_STEPS = 32  # K // 512 from which K is split over a cluster
+SPLIT_STEPS_PER_CTA = 8
+CTAS_PER_SM_AT_8_WARPS = 4  # 64 registers x 256 threads
 H200_SMS = 132  # the SM count the model falls back to where no device is asked (CPU compiles)
 
 
@@ -56,14 +65,26 @@ def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int 
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=2, r_lanes=4, unroll=4)
     ctas = slabs * (128 // 8)  # r_lanes = 2: 16 CTAs a slab
     warps = next((w for w in WARP_CHOICES if ctas * w >= target), WARP_CHOICES[-1])
-    return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=warps, r_lanes=2, unroll=4 if warps >= 8 else 2)
+    if warps < 16:
+        return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=warps, r_lanes=2, unroll=4 if warps >= 8 else 2)
+    steps = k // 512  # 16 lanes x 32 elements a warp step
+    splits = 1
+    if steps >= SPLIT_MIN_STEPS:
+        want = steps / SPLIT_STEPS_PER_CTA
+        fit = sms * CTAS_PER_SM_AT_8_WARPS // ctas
+        splits = max((s for s in (1, 2, 4, 8) if s <= fit and s <= 1.5 * want), default=1)
+    if splits > 1:
+        return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2, k_splits=splits)
+    if ctas > sms or 2 * steps < 16:
+        return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2)
+    return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=16, r_lanes=2, unroll=4)
 
 
 def simt_configs(sf_kind: str = "permuted") -> tuple:
     """Every config `simt_config_for` can return: what a compile-only check must build."""
     return (gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=2, r_lanes=4, unroll=4),) + tuple(
         gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=w, r_lanes=2, unroll=4 if w >= 8 else 2) for w in WARP_CHOICES
-    )
+    ) + tuple(gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2, k_splits=s) for s in (1, 2, 4, 8))
 
 
 def default_sm100_variant() -> str:

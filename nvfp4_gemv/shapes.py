@@ -84,6 +84,7 @@ DECODE_SUITE: tuple[DecodeShape, ...] = tuple(DecodeShape(*s.mkl, "contest bench
     DecodeShape(1536, 2048, 8, "Qwen3-30B-A3B experts gate_up, 8 active"),
     DecodeShape(14336, 4096, 2, "Mixtral-8x7B experts w1, 2 active"),
     DecodeShape(576, 7168, 1, "DeepSeek-V3 kv_a_proj (M not a multiple of 128)"),
+    DecodeShape(1536, 7168, 1, "DeepSeek-V3 q_a_proj"),
 )
 SUITES = {"contest": tuple(s.mkl for s in BENCH_SHAPES), "decode": tuple(s.mkl for s in DECODE_SUITE)}
 

@@ -53,26 +53,33 @@ def test_sm100_defaults_to_tensor_cores_and_offers_the_cuda_core_variant(monkeyp
 @pytest.mark.parametrize(
     "mkl, sms, expected",
     [
-        ((7168, 16384, 1), 132, (4, 2, 2)),  # 896 CTAs: 2 warps each leave the GPU short of warps
-        ((4096, 7168, 8), 132, (2, 2, 2)),  # 4096 CTAs: plenty
-        ((7168, 2048, 4), 132, (2, 4, 4)),  # short K with rows to spare: 128-byte row pieces
-        ((1536, 2048, 8), 132, (2, 2, 2)),  # short K without: 256-byte pieces keep enough CTAs
-        ((4096, 7168, 1), 132, (8, 2, 4)),  # 512 CTAs: K split over 8 warps a CTA
-        ((576, 7168, 1), 132, (16, 2, 4)),  # 80 CTAs: the most warps a CTA takes
-        ((4096, 7168, 1), 66, (4, 2, 2)),  # half the SMs need half the warps
-        ((1, 64, 1), 132, (16, 2, 4)),
+        ((7168, 16384, 1), 132, (4, 2, 2, 1)),  # 896 CTAs: 2 warps each leave the GPU short of warps
+        ((4096, 7168, 8), 132, (2, 2, 2, 1)),  # 4096 CTAs: plenty
+        ((7168, 2048, 4), 132, (2, 4, 4, 1)),  # short K with rows to spare: 128-byte row pieces
+        ((1536, 2048, 8), 132, (2, 2, 2, 1)),  # short K without: 256-byte pieces keep enough CTAs
+        ((4096, 7168, 1), 132, (8, 2, 4, 1)),  # 512 CTAs: K split over 8 warps a CTA
+        ((576, 7168, 1), 132, (16, 2, 4, 1)),  # 80 CTAs, no more than SMs: the most warps a CTA takes
+        ((4096, 7168, 1), 66, (4, 2, 2, 1)),  # half the SMs need half the warps
+        ((1536, 7168, 1), 132, (8, 2, 2, 1)),  # 192 CTAs: at 16 warps (2 an SM) some SMs would take two
+        ((576, 7168, 2), 132, (8, 2, 2, 1)),  # 160 CTAs: likewise
+        ((768, 2048, 1), 132, (8, 2, 2, 1)),  # 4 K steps: 16 warps would leave 12 idle
+        ((256, 16384, 1), 132, (8, 2, 2, 4)),  # 32 CTAs, 32 K steps: K over a cluster of 4, 8 steps a CTA
+        ((256, 28672, 1), 132, (8, 2, 2, 8)),  # 56 steps: a cluster of 8
+        ((1024, 28672, 1), 132, (8, 2, 2, 4)),  # 128 CTAs: 4 a cluster is what fits one wave
+        ((1, 64, 1), 132, (8, 2, 2, 1)),
     ],
 )
 def test_config_model_fills_the_gpu_with_warps(mkl, sms, expected):
     from nvfp4_gemv.dispatch import WARPS_PER_SM, simt_config_for, simt_configs
 
     cfg = simt_config_for(*mkl, sms=sms)
-    assert (cfg.warps, cfg.r_lanes, cfg.unroll) == expected and cfg in simt_configs()
+    assert (cfg.warps, cfg.r_lanes, cfg.unroll, cfg.k_splits) == expected and cfg in simt_configs()
     m, _, l = mkl
     ctas = -(-m // 128) * cfg.ctas_per_slab * l
-    assert ctas * cfg.warps >= WARPS_PER_SM * sms or cfg.warps == 16
-    if cfg.warps > 2:  # the fewest warps that reach the target
-        assert ctas * (cfg.warps // 2) < WARPS_PER_SM * sms
+    warps = cfg.warps * cfg.k_splits
+    assert ctas * warps >= WARPS_PER_SM * sms or warps >= 8
+    if warps > 2 and warps < 8:  # the fewest warps that reach the target
+        assert ctas * (warps // 2) < WARPS_PER_SM * sms
 
 
 def test_pointer_path_wraps_the_compiled_function():
