@@ -16,6 +16,9 @@ contiguous bytes of the permuted buffer. A warp is r_lanes such r × c_lanes = 3
 
 Warps take interleaved K windows; each thread sums its blocks in fp32 in K order, then lanes (butterfly over c) and
 warps (in warp order, through shared memory) are added in a fixed order, so the result is bit-identical run to run.
+With k_splits > 1 the K windows are shared by the k_splits CTAs of a thread-block cluster (one row block), and rank
+0 adds the other ranks' row sums from their shared memory in rank order: still a fixed order, with no atomics and
+no workspace in global memory.
 The split is chosen per shape and SM count (nvfp4_gemv/dispatch.py: simt_config_for, fitted to an H200 sweep).
 
 With plain scales ptxas (sm_90a) uses 72 registers and spills two values, 8 bytes a thread: an STL of each before
