@@ -144,7 +144,11 @@ def _tma(name):
     from cute_kernels import gemv_tma
     from nvfp4_gemv.bench import on_permuted, on_torch_stream
 
-    fn = on_permuted(on_torch_stream(gemv_tma.GemvTma, gemv_tma.GemvTmaConfig(**TMA_CONFIGS[name])))
+    return _direct(on_permuted(on_torch_stream(gemv_tma.GemvTma, gemv_tma.GemvTmaConfig(**TMA_CONFIGS[name]))))
+
+
+def _direct(fn):
+    """run(data) -> c for a compiled kernel called on the contest tuple: c filled with NaN first, read back after."""
 
     def run(data):
         c = data[-1]
@@ -159,11 +163,15 @@ def _tma(name):
 @pytest.mark.parametrize("config", TMA_CONFIGS)
 @pytest.mark.parametrize("m,k,l", SHAPES)
 def test_tma_kernel_contest_and_full_range(m, k, l, config):
-    run = _tma(config)
-    data = generate_input(m, k, l, seed=2000 + m + k + l, device="cuda")
+    _contest_and_full_range(_tma(config), m, k, l, seeds=(2000 + m + k + l, 3 * m + k + l))
+
+
+def _contest_and_full_range(run, m, k, l, seeds):  # noqa: E741
+    """A direct kernel call: bit-exact on contest data, within the exact sum's fp32 bound on full-range data (whose
+    sums cancel, so the fp32 reference's own order error can exceed the checker's 1e-3)."""
+    data = generate_input(m, k, l, seed=seeds[0], device="cuda")
     assert torch.equal(run(data), _ref(data))
-    # Full-range sums cancel; the fp32 reference's own order error can exceed 1e-3, so the bound is the exact sum's.
-    data = generate_full_range(m, k, l, seed=3 * m + k + l, device="cuda")
+    data = generate_full_range(m, k, l, seed=seeds[1], device="cuda")
     ok, msg = check_fp32_bound(run(data), data)
     assert ok, msg
 
@@ -171,21 +179,30 @@ def test_tma_kernel_contest_and_full_range(m, k, l, config):
 @pytest.mark.parametrize("config", TMA_CONFIGS)
 @pytest.mark.parametrize("m,k,l", [(128, 256, 1), (129, 320, 2), (1000, 1088, 3)])
 def test_tma_kernel_one_hot_probes_bit_exact(m, k, l, config):
-    run = _tma(config)
+    _probes_bit_exact(_tma(config), m, k, l)
+
+
+def test_tma_kernel_bit_identical_across_runs_and_nan_scales():
+    _bit_identical_with_nan_scales(_tma("default"), (7168, 2048, 4), seed=11, runs=20)
+
+
+def _probes_bit_exact(run, m, k, l):  # noqa: E741
+    """One-hot probes at the block edges and past K's middle: each output bit-exact (a direct kernel call)."""
     for col in sorted({0, 1, 15, 16, 17, 31, 32, 63, k // 2 + 1, k - 1}):
         data = one_hot_probe(m, k, l, col, seed=col, device="cuda")
         out = run(data)
         assert torch.equal(out.view(torch.int16), probe_expected(data, col).to(out.device).view(torch.int16)), col
 
 
-def test_tma_kernel_bit_identical_across_runs_and_nan_scales():
-    run = _tma("default")
-    data = generate_full_range(7168, 2048, 4, seed=11, device="cuda", nonfinite=True)
+def _bit_identical_with_nan_scales(run, mkl, seed, runs):
+    """Full-range data with non-finite scales: within the fp32 bound, NaN where a scale is, and the same bits on
+    every one of `runs` repeats."""
+    data = generate_full_range(*mkl, seed=seed, device="cuda", nonfinite=True)
     first = run(data)
     ok, msg = check_fp32_bound(first, data)
     assert ok, msg
     assert torch.isnan(first).any()
-    for _ in range(20):
+    for _ in range(runs):
         assert torch.equal(run(data).view(torch.int16), first.view(torch.int16))
 
 
@@ -206,26 +223,13 @@ def _split(name, sf_kind="permuted"):
 
     fn = on_torch_stream(GemvSimt, GemvSimtConfig(sf_kind=sf_kind, **SPLIT_CONFIGS[name]))
     sf = (4, 5) if sf_kind == "permuted" else (2, 3)
-
-    def run(data):
-        c = data[-1]
-        c.fill_(float("nan"))
-        fn(data[0], data[1], data[sf[0]], data[sf[1]], c)
-        torch.cuda.synchronize()
-        return c.clone()
-
-    return run
+    return _direct(lambda d: fn(d[0], d[1], d[sf[0]], d[sf[1]], d[6]))
 
 
 @pytest.mark.parametrize("config", SPLIT_CONFIGS)
 @pytest.mark.parametrize("m,k,l", SHAPES)
 def test_k_split_kernel_contest_and_full_range(m, k, l, config):
-    run = _split(config)
-    data = generate_input(m, k, l, seed=4000 + m + k + l, device="cuda")
-    assert torch.equal(run(data), _ref(data))
-    data = generate_full_range(m, k, l, seed=5 * m + k + l, device="cuda")
-    ok, msg = check_fp32_bound(run(data), data)
-    assert ok, msg
+    _contest_and_full_range(_split(config), m, k, l, seeds=(4000 + m + k + l, 5 * m + k + l))
 
 
 @pytest.mark.parametrize("config", ["w4s4", "w2s2r4t2"])
@@ -239,22 +243,11 @@ def test_k_split_kernel_plain_scales(m, k, l, config):
 @pytest.mark.parametrize("config", ["w4s4", "w8s8"])
 @pytest.mark.parametrize("m,k,l", [(128, 256, 1), (129, 320, 2), (1000, 1088, 3)])
 def test_k_split_kernel_one_hot_probes_bit_exact(m, k, l, config):
-    run = _split(config)
-    for col in sorted({0, 1, 15, 16, 17, 31, 32, 63, k // 2 + 1, k - 1}):
-        data = one_hot_probe(m, k, l, col, seed=col, device="cuda")
-        out = run(data)
-        assert torch.equal(out.view(torch.int16), probe_expected(data, col).to(out.device).view(torch.int16)), col
+    _probes_bit_exact(_split(config), m, k, l)
 
 
 def test_k_split_kernel_bit_identical_across_runs_and_nan_scales():
-    run = _split("w4s4")
-    data = generate_full_range(576, 7168, 2, seed=12, device="cuda", nonfinite=True)
-    first = run(data)
-    ok, msg = check_fp32_bound(first, data)
-    assert ok, msg
-    assert torch.isnan(first).any()
-    for _ in range(50):
-        assert torch.equal(run(data).view(torch.int16), first.view(torch.int16))
+    _bit_identical_with_nan_scales(_split("w4s4"), (576, 7168, 2), seed=12, runs=50)
 
 
 @pytest.mark.parametrize("nbytes", [16, 4096, 1 << 20, (33_071_104 // 16 + 3) * 16])

@@ -57,6 +57,13 @@ def ours(n, k, m, fmt, dtype=torch.bfloat16, **override):
     return (lambda d: kernels.run(y, x, d[0], d[1].view(torch.uint8), fmt, "plain", gst, None, **override)), pool
 
 
+def write_csv(rows, path):
+    with open(path, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+        wr.writeheader()
+        wr.writerows(rows)
+
+
 def sweep_configs(token_tiles: int = 1) -> list[dict]:
     """The dispatched config ({}), then every (groups, k_warps, register cap) the launcher chooses from."""
     from nvfp4_gemv.linear import kernels
@@ -78,10 +85,7 @@ def sweep(configs, shapes=SHAPES, tokens=TOKENS, formats=("nvfp4",), csv_path=No
                     rows.append(dict(n=n, k=k, m=m, fmt=fmt, config=name, read_us=read, us=t, ratio=t / read))
                     log(f"{n:>6}x{k:<6} {m:>3} {fmt:>5} {read:7.2f} {t:7.2f} {t / read:6.3f}  {name}")
     if csv_path:
-        with open(csv_path, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-            wr.writeheader()
-            wr.writerows(rows)
+        write_csv(rows, csv_path)
     return rows
 
 
@@ -169,10 +173,7 @@ def run(shapes=SHAPES, tokens=TOKENS, formats=FORMATS, peers: bool = True, csv_p
     if ratios:
         log(f"geomean ours / read: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over {len(ratios)} points")
     if csv_path:
-        with open(csv_path, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-            wr.writeheader()
-            wr.writerows(rows)
+        write_csv(rows, csv_path)
     if plot_path:
         plot(rows, plot_path)
     return rows
