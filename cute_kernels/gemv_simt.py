@@ -31,34 +31,14 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32, Uint8, Uint32, const_expr
-from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cute_kernels import decode
 from cute_kernels.compile import GemvLaunch, SmemAllocator, gemv_fake_tensors, load_atom
-from cute_kernels.ptx import inline_ptx
+from cute_kernels.ptx import cluster_sync, ld_shared_cluster_f32
 from layouts.constants import SF_KINDS
 from layouts.sf_cute import sf_layout_by_col
 
 PIECE_K = 32  # K elements per thread per step: one 16-byte load of A
-
-
-@dsl_user_op
-def cluster_sync(*, loc=None, ip=None) -> None:
-    """`barrier.cluster.arrive` (release) then `barrier.cluster.wait` (acquire): every thread of the cluster."""
-    inline_ptx(None, [], "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;",
-               "~{memory}", side_effects=True, loc=loc, ip=ip)
-
-
-@dsl_user_op
-def ld_shared_cluster_f32(smem_addr, rank, *, loc=None, ip=None) -> Float32:
-    """The fp32 at this CTA's shared address `smem_addr` in the shared memory of cluster CTA `rank` (mapa, then
-    ld.shared::cluster)."""
-    v = inline_ptx(
-        T.f32(), [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int32(rank).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .b32 a;\n\tmapa.shared::cluster.u32 a, $1, $2;\n\tld.shared::cluster.f32 $0, [a];\n\t}",
-        "=f,r,r,~{memory}", side_effects=True, loc=loc, ip=ip,
-    )
-    return Float32(v)
 PIECE_WORDS = PIECE_K // 8
 
 

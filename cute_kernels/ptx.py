@@ -1,6 +1,6 @@
 """Inline PTX from CuTe DSL code: one helper for every `asm` statement the kernels use."""
 
-from cutlass import Uint32
+from cutlass import Float32, Int32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -39,3 +39,22 @@ def tcgen05_fence_after_thread_sync(*, loc=None, ip=None) -> None:
     """`tcgen05.fence::after_thread_sync`: orders the tcgen05 operations that follow after the thread
     synchronization just passed."""
     inline_ptx(None, [], "tcgen05.fence::after_thread_sync;", "~{memory}", side_effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def cluster_sync(*, loc=None, ip=None) -> None:
+    """`barrier.cluster.arrive` (release) then `barrier.cluster.wait` (acquire): every thread of the cluster."""
+    inline_ptx(None, [], "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;",
+               "~{memory}", side_effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ld_shared_cluster_f32(smem_addr, rank, *, loc=None, ip=None) -> Float32:
+    """The fp32 at this CTA's shared address `smem_addr` in the shared memory of cluster CTA `rank` (mapa, then
+    ld.shared::cluster)."""
+    v = inline_ptx(
+        T.f32(), [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int32(rank).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b32 a;\n\tmapa.shared::cluster.u32 a, $1, $2;\n\tld.shared::cluster.f32 $0, [a];\n\t}",
+        "=f,r,r,~{memory}", side_effects=True, loc=loc, ip=ip,
+    )
+    return Float32(v)

@@ -75,7 +75,7 @@ def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int 
         splits = max((s for s in (1, 2, 4, 8) if s <= fit and s <= 1.5 * want), default=1)
     if splits > 1:
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2, k_splits=splits)
-    if ctas > sms or 2 * steps < 16:
+    if ctas > sms or steps < 8:  # more CTAs than SMs, or under half a K step for each of 16 warps
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2)
     return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=16, r_lanes=2, unroll=4)
 
