@@ -45,15 +45,18 @@ TC_CONFIGS = {"tc": gemv_tc_sm100.GemvTcSm100Config(), "tc128": gemv_tc_sm100.Ge
 # (r_lanes = 4) measured faster; CTAs of 8 or more warps take the 4-step unroll.
 # Where the grid is short of warps even at 16 a CTA (a second sweep, docs/sweep_h200_small_m.csv: small M·L, warps
 # 2-16 × K split over 1-8 CTAs of a cluster; BENCHMARKS.md, "Few rows"):
-# - 16-warp CTAs (two fit an SM) only where there are no more CTAs than SMs and K gives a warp at least half a step;
-#   else 8 with the 2-step unroll (1536 x 7168 x 1: 1.27 x the read against 1.55);
+# - 16-warp CTAs (82 registers: one fits an SM) only where there are no more CTAs than SMs and K gives a warp at
+#   least half a step; else 8 with the 2-step unroll (1536 x 7168 x 1: 1.27 x the read against 1.55);
 # - with K of 32 or more 512-element steps, 8-warp CTAs with K split over a cluster of k_splits of them, about 8
 #   steps a CTA, while the clusters fit one resident wave (256 x 28672 x 1: 1.54 against 2.09).
 WARPS_PER_SM = 19
 WARP_CHOICES = (2, 4, 8, 16)
 SPLIT_MIN_STEPS = 32  # K // 512 from which K is split over a cluster
 SPLIT_STEPS_PER_CTA = 8
-CTAS_PER_SM_AT_8_WARPS = 4  # 64 registers x 256 threads
+# Registers of the 8-warp split configs (ptxas for sm_90a, allocated in steps of 8; tests/test_simt_compile.py checks
+# the table): what decides how many of their CTAs an SM holds, so how large a split still fits one wave.
+SPLIT_REGISTERS = {("permuted", 2): 80, ("permuted", 4): 64, ("permuted", 8): 64,
+                   ("plain", 2): 112, ("plain", 4): 80, ("plain", 8): 112}
 H200_SMS = 132  # the SM count the model falls back to where no device is asked (CPU compiles)
 
 
@@ -71,8 +74,11 @@ def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int 
     splits = 1
     if steps >= SPLIT_MIN_STEPS:
         want = steps / SPLIT_STEPS_PER_CTA
-        fit = sms * CTAS_PER_SM_AT_8_WARPS // ctas
-        splits = max((s for s in (1, 2, 4, 8) if s <= fit and s <= 1.5 * want), default=1)
+
+        def fits(s):  # the clusters of 8-warp CTAs make one resident wave
+            return ctas * s <= sms * (65536 // (SPLIT_REGISTERS[(sf_kind, s)] * 256))
+
+        splits = max((s for s in (2, 4, 8) if s <= 1.5 * want and fits(s)), default=1)
     if splits > 1:
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2, k_splits=splits)
     if ctas > sms or steps < 8:  # more CTAs than SMs, or under half a K step for each of 16 warps
