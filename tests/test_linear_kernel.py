@@ -106,21 +106,13 @@ def test_register_table_matches_ptxas(tmp_path):
     to the allocation step of 8), and is reached by one of them: the resident-warp model is neither loose nor short.
     kernels.CAPS are met exactly."""
 
+    from registers import allocated_registers
+
     def allocated(g, t, kw, cap=0):
-        dump = tmp_path / f"g{g}t{t}kw{kw}c{cap}"
-        dump.mkdir()
-        code = (
-            "from cute_kernels.compile import compile_kernel\n"
-            "from cute_kernels.linear_w4a16 import LinearW4A16, LinearW4A16Config\n"
-            f"compile_kernel(LinearW4A16, LinearW4A16Config(groups={g}, token_tiles={t}, k_warps={kw}, "
-            f"max_registers={cap}), 'sm_90a')\n"
+        return allocated_registers(
+            "linear_w4a16", "LinearW4A16",
+            f"groups={g}, token_tiles={t}, k_warps={kw}, max_registers={cap}", tmp_path / f"g{g}t{t}kw{kw}c{cap}",
         )
-        env = dict(os.environ, CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(dump))
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-        (cubin,) = dump.glob("*.cubin")
-        (regs,) = _elf_register_counts(cubin.read_bytes())
-        return -(-regs // 8) * 8
 
     for (g, t), table in kernels.REGISTERS.items():
         got = [allocated(g, t, kw) for kw in (4, 8)]
@@ -128,32 +120,6 @@ def test_register_table_matches_ptxas(tmp_path):
     for (g, t), cap in kernels.CAPS.items():
         for kw in (4, 8):
             assert allocated(g, t, kw, cap) == cap, ((g, t), kw, cap)
-
-
-def _elf_register_counts(data: bytes):
-    """EIATTR_REGCOUNT (0x2f) values of a cubin's .nv.info sections."""
-    import struct
-
-    shoff = struct.unpack_from("<Q", data, 0x28)[0]
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    strtab = secs[shstrndx][4]
-    counts = []
-    for sec in secs:
-        name = data[strtab + sec[0] : data.index(b"\0", strtab + sec[0])].decode()
-        if not name.startswith(".nv.info"):
-            continue
-        p, end = sec[4], sec[4] + sec[5]
-        while p + 4 <= end:
-            fmt, attr = data[p], data[p + 1]
-            size = struct.unpack_from("<H", data, p + 2)[0]
-            if fmt == 4:
-                if attr == 0x2F:
-                    counts.append(struct.unpack_from("<II", data, p + 4)[1])
-                p += 4 + size
-            else:
-                p += 4
-    return counts
 
 
 def test_too_large_for_int32_offsets_is_refused_before_launch():

@@ -195,25 +195,11 @@ def test_stream_read_sm90a_ptx(ptx_of, kw):
 def test_register_table_of_the_split_configs_matches_ptxas(tmp_path):
     """nvfp4_gemv.dispatch.SPLIT_REGISTERS (which decides how large a split fits one wave) is what ptxas gives each
     8-warp split config the dispatch model may pick (sm_90a, rounded up to the allocation step of 8)."""
-    import os
-    import subprocess
-    import sys
-
     from nvfp4_gemv.dispatch import SPLIT_REGISTERS
-    from test_linear_kernel import _elf_register_counts
+    from registers import allocated_registers
 
     for (sf_kind, splits), table in SPLIT_REGISTERS.items():
-        dump = tmp_path / f"{sf_kind}{splits}"
-        dump.mkdir()
-        code = (
-            "from cute_kernels.compile import compile_kernel\n"
-            "from cute_kernels.gemv_simt import GemvSimt, GemvSimtConfig\n"
-            f"compile_kernel(GemvSimt, GemvSimtConfig(sf_kind={sf_kind!r}, warps=8, r_lanes=2, unroll=2, "
-            f"k_splits={splits}), 'sm_90a')\n"
-        )
-        env = dict(os.environ, CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(dump))
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-        (cubin,) = dump.glob("*.cubin")
-        (regs,) = _elf_register_counts(cubin.read_bytes())
-        assert -(-regs // 8) * 8 == table, (sf_kind, splits, regs)
+        got = allocated_registers("gemv_simt", "GemvSimt",
+                                  f"sf_kind={sf_kind!r}, warps=8, r_lanes=2, unroll=2, k_splits={splits}",
+                                  tmp_path / f"{sf_kind}{splits}")
+        assert got == table, (sf_kind, splits, got)

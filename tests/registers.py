@@ -1,0 +1,49 @@
+"""Registers a thread of a compiled kernel takes, as ptxas allocates them for sm_90a: for tests that check a
+dispatch model's register table against the compiler."""
+
+import os
+import subprocess
+import sys
+
+
+def allocated_registers(module: str, cls: str, config_args: str, dump) -> int:
+    """Registers a thread of `cute_kernels.<module>.<cls>(<cls>Config(<config_args>))` gets for sm_90a, rounded up
+    to the allocation step of 8; compiled in a child process (CUTE_DSL_KEEP must be set before the DSL loads)."""
+    dump.mkdir(parents=True)
+    code = (
+        "from cute_kernels.compile import compile_kernel\n"
+        f"from cute_kernels.{module} import {cls}, {cls}Config\n"
+        f"compile_kernel({cls}, {cls}Config({config_args}), 'sm_90a')\n"
+    )
+    env = dict(os.environ, CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(dump))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (cubin,) = dump.glob("*.cubin")
+    (regs,) = _elf_register_counts(cubin.read_bytes())
+    return -(-regs // 8) * 8
+
+
+def _elf_register_counts(data: bytes):
+    """EIATTR_REGCOUNT (0x2f) values of a cubin's .nv.info sections."""
+    import struct
+
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    strtab = secs[shstrndx][4]
+    counts = []
+    for sec in secs:
+        name = data[strtab + sec[0] : data.index(b"\0", strtab + sec[0])].decode()
+        if not name.startswith(".nv.info"):
+            continue
+        p, end = sec[4], sec[4] + sec[5]
+        while p + 4 <= end:
+            fmt, attr = data[p], data[p + 1]
+            size = struct.unpack_from("<H", data, p + 2)[0]
+            if fmt == 4:
+                if attr == 0x2F:
+                    counts.append(struct.unpack_from("<II", data, p + 4)[1])
+                p += 4 + size
+            else:
+                p += 4
+    return counts
