@@ -324,7 +324,7 @@ def _cmd_sweep(args) -> int:
         from nvfp4_gemv.linear import bench as LB
 
         args.out.mkdir(exist_ok=True)
-        LB.sweep(LB.sweep_configs(1 if max(args.tokens) <= 8 else 2), tokens=args.tokens, formats=args.formats, csv_path=args.out / "linear_sweep.csv",
+        LB.sweep(tokens=args.tokens, formats=args.formats, csv_path=args.out / "linear_sweep.csv",
                  log=lambda s: print(s, flush=True))
         print(f"wrote {args.out / 'linear_sweep.csv'}")
         return 0

@@ -71,15 +71,16 @@ def sweep_configs(token_tiles: int = 1) -> list[dict]:
     return [{}] + [dict(groups=g, k_warps=q, max_registers=c) for g, q, c in kernels.candidates(token_tiles)]
 
 
-def sweep(configs, shapes=SHAPES, tokens=TOKENS, formats=("nvfp4",), csv_path=None, log=print):
+def sweep(configs=None, shapes=SHAPES, tokens=TOKENS, formats=("nvfp4",), csv_path=None, log=print):
     """µs per call of each config override (a dict of kernel config fields; {} is the dispatched config) at every
-    (shape, M, format), with the read of the same bytes: the data behind the launcher's choice."""
+    (shape, M, format), with the read of the same bytes: the data behind the launcher's choice. configs None: at
+    each M, `sweep_configs` of the token tiles that M takes."""
     rows = []
     for n, k in shapes:
         for fmt in formats:
             read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt)))
             for m in tokens:
-                for ov in configs:
+                for ov in configs if configs is not None else sweep_configs(1 if m <= 8 else 2):
                     t = _time(lambda: ours(n, k, m, fmt, **ov))
                     name = " ".join(f"{a}={b}" for a, b in ov.items()) or "dispatched"
                     rows.append(dict(n=n, k=k, m=m, fmt=fmt, config=name, read_us=read, us=t, ratio=t / read))

@@ -93,23 +93,15 @@ def _dummy(device, dtype):
     return t
 
 
-_PLANS: dict = {}  # (device, M <= 8, N, K, fmt, layout, x dtype, scale dtype, bias?, global scale?) -> plan
-
-
 def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
-    """(compiled function, global-scale stand-in, bias stand-in) for a call shape: the config chosen and compiled
-    on first use and kept per key; with `override` (config fields, for sweeps) chosen afresh and not kept."""
-    key = (device, m <= 8, n, k, fmt, scale_layout, x_dtype, scale_dtype, has_bias, has_global_scale)
-    plan = None if override else _PLANS.get(key)
-    if plan is None:
-        fields = {"sf_dtype": _SF_DTYPES[scale_dtype], **override}
-        cfg = config_for(m, n, k, fmt, scale_layout, _X_DTYPES[x_dtype], has_bias, has_global_scale,
-                         sm_count(device.index), **fields)
-        fn = raw_function(compile_kernel(LinearW4A16, cfg, target(capability(device)), stream="torch"))
-        plan = (fn, _dummy(device, torch.float32), _dummy(device, x_dtype))
-        if not override:
-            _PLANS[key] = plan
-    return plan
+    """(compiled function, global-scale stand-in, bias stand-in) for a call shape: the config chosen (with
+    `override`'s fields, for sweeps) and compiled (compile_kernel keeps each compiled config). `bind` keeps the plan
+    of each signature, so a launch does not come back here."""
+    fields = {"sf_dtype": _SF_DTYPES[scale_dtype], **override}
+    cfg = config_for(m, n, k, fmt, scale_layout, _X_DTYPES[x_dtype], has_bias, has_global_scale,
+                     sm_count(device.index), **fields)
+    fn = raw_function(compile_kernel(LinearW4A16, cfg, target(capability(device)), stream="torch"))
+    return fn, _dummy(device, torch.float32), _dummy(device, x_dtype)
 
 
 def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):

@@ -3,13 +3,13 @@
 `torch.ops.nvfp4_gemv.fp4_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias) -> y` returns a
 new y (no arguments mutated), so torch.compile(fullgraph=True) and CUDA-graph capture take it as it is. Its fake
 implementation validates from metadata and returns an empty y of the right shape and dtype, so bad input fails
-while tracing. CUDA runs `nvfp4_gemv.linear.kernels.run`; other devices run the fp32 reference.
+while tracing. CUDA runs the kernel (`EagerLinear`, below); other devices run the fp32 reference.
 
 `fp4_linear` calls the op while torch.compile traces. In eager mode a CUDA call skips the dispatcher: `EagerLinear`
 validates and binds the launch once per metadata signature (as nvfp4_gemv.dispatch does), then per call checks two
-pointers' alignment, allocates y and launches. A python-float global_scale reaches the kernel as a cached 1-element fp32 device tensor
-(a first call with a new value copies it to the device, so warm up before capturing a CUDA graph); under
-torch.compile it becomes a `torch.full` in the graph. Other devices run the reference, a float kept as a float.
+pointers' alignment, allocates y and launches. A python-float global_scale reaches the kernel as a cached 1-element
+fp32 device tensor (a first call with a new value copies it to the device, so warm up before capturing a CUDA graph);
+under torch.compile it becomes a `torch.full` in the graph. Other devices run the reference, a float kept as a float.
 """
 
 from __future__ import annotations
@@ -62,16 +62,14 @@ class EagerLinear:
         if self._launch is not None:
             stand_in = self._launch
 
-            def go(out, x2d, w, sf, gs, b):
-                stand_in(out, x2d, w.view(torch.uint8) if w_view else w, sf.view(torch.uint8) if sf_view else sf,
-                         fmt, scale_layout, gs, b)
+            def launch(out, x2d, w, sf, gs, b):
+                stand_in(out, x2d, w, sf, fmt, scale_layout, gs, b)
+        else:
+            from nvfp4_gemv.linear import kernels
 
-            return go
-        from nvfp4_gemv.linear import kernels
-
-        launch = kernels.bind(weight.shape[0], x.shape[-1], x.device, x.dtype,
-                              torch.uint8 if sf_view else weight_scale.dtype, fmt, scale_layout,
-                              global_scale is not None, bias is not None)
+            launch = kernels.bind(weight.shape[0], x.shape[-1], x.device, x.dtype,
+                                  torch.uint8 if sf_view else weight_scale.dtype, fmt, scale_layout,
+                                  global_scale is not None, bias is not None)
         if not (w_view or sf_view):
             return launch
 
