@@ -44,7 +44,6 @@ def capability(device) -> tuple[int, int]:
     return cap
 
 
-
 def sm_count(device_index: int) -> int:
     """The SM count of CUDA device `device_index` (asked once per device)."""
     count = _SM_COUNTS.get(device_index)

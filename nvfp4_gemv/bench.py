@@ -302,7 +302,7 @@ def sweep_simt_configs(shapes, configs, log=print):
             us = graph_time_us(on_permuted(on_torch_stream(GemvSimt, cfg)), pool)
             out[((m, k, l), cfg)] = us
             log(f"{m:>6} {k:>6} {l:>2}  warps={cfg.warps:<2} r_lanes={cfg.r_lanes} rows/thr={cfg.rows_per_thread} "
-                f"{us:8.2f} us")
+                f"unroll={cfg.unroll} k_splits={cfg.k_splits} {us:8.2f} us")
         del pool
         torch.cuda.empty_cache()
     return out

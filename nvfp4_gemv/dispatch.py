@@ -57,6 +57,7 @@ SPLIT_STEPS_PER_CTA = 8
 # the table): what decides how many of their CTAs an SM holds, so how large a split still fits one wave.
 SPLIT_REGISTERS = {("permuted", 2): 80, ("permuted", 4): 64, ("permuted", 8): 64,
                    ("plain", 2): 112, ("plain", 4): 80, ("plain", 8): 112}
+REGISTER_FILE = 65536  # 32-bit registers an SM holds (sm_90 and sm_100)
 H200_SMS = 132  # the SM count the model falls back to where no device is asked (CPU compiles)
 
 
@@ -76,7 +77,7 @@ def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int 
         want = steps / SPLIT_STEPS_PER_CTA
 
         def fits(s):  # the clusters of 8-warp CTAs make one resident wave
-            return ctas * s <= sms * (65536 // (SPLIT_REGISTERS[(sf_kind, s)] * 256))
+            return ctas * s <= sms * (REGISTER_FILE // (SPLIT_REGISTERS[(sf_kind, s)] * 256))
 
         splits = max((s for s in (2, 4, 8) if s <= 1.5 * want and fits(s)), default=1)
     if splits > 1:
