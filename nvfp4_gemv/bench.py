@@ -289,44 +289,60 @@ def tma_variants():
     ]
 
 
-def sweep_simt_configs(shapes, configs, log=print):
-    """Graph-timed µs of the CUDA-core kernel for each config on each shape (kernel time only, L2 defeated by the
-    rotated pool); returns {(shape, config): µs}. Used to fill the config table in nvfp4_gemv.dispatch."""
+SWEEP_TIMINGS = ("graph", "contest")
+
+
+def _timer(timing: str, iters: int):
+    if timing not in SWEEP_TIMINGS:
+        raise ValueError(f"timing must be one of {SWEEP_TIMINGS}, got {timing!r}")
+    return graph_time_us if timing == "graph" else (lambda fn, pool: contest_time_us(fn, pool, iters))
+
+
+def sweep_simt_configs(shapes, configs, log=print, timing: str = "graph", iters: int = 50):
+    """µs of the CUDA-core kernel for each config on each shape, graph-timed (kernel time only, L2 defeated by the
+    rotated pool) or contest-timed (`iters` calls, each after the contest's L2 flush); returns {(shape, config): µs}.
+    Used to fit the config choice in nvfp4_gemv.dispatch."""
     from cute_kernels.gemv_simt import GemvSimt
     from submission.reference import generate_input
 
+    time_us = _timer(timing, iters)
     out = {}
     for m, k, l in shapes:  # noqa: E741
         pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
         for cfg in configs:
-            us = graph_time_us(on_permuted(on_torch_stream(GemvSimt, cfg)), pool)
+            us = time_us(on_permuted(on_torch_stream(GemvSimt, cfg)), pool)
             out[((m, k, l), cfg)] = us
             log(f"{m:>6} {k:>6} {l:>2}  warps={cfg.warps:<2} r_lanes={cfg.r_lanes} rows/thr={cfg.rows_per_thread} "
-                f"unroll={cfg.unroll} k_splits={cfg.k_splits} {us:8.2f} us")
+                f"unroll={cfg.unroll} k_splits={cfg.k_splits} {us:8.2f} us ({timing})")
         del pool
         torch.cuda.empty_cache()
     return out
 
 
-SWEEP_FIELDS = ("m", "k", "l", "warps", "r_lanes", "unroll", "rows_per_thread", "k_splits", "graph_us", "read_graph_us",
-                "x_read")
+def sweep_fields(timing: str = "graph") -> tuple:
+    """The columns of a sweep's rows: the config, then its µs and the stream read's under `timing`."""
+    return ("m", "k", "l", "warps", "r_lanes", "unroll", "rows_per_thread", "k_splits", f"{timing}_us",
+            f"read_{timing}_us", "x_read")
 
 
-def sweep_rows(shapes, configs, log=print):
-    """The CUDA-core kernel's graph-timed µs for every config on every shape, beside the stream read of the same
-    bytes under the same timer: rows of SWEEP_FIELDS, the data dispatch's config choice is derived from."""
-    results = sweep_simt_configs(shapes, configs, log)
+def sweep_rows(shapes, configs, log=print, timing: str = "graph", iters: int = 50):
+    """The CUDA-core kernel's µs for every config on every shape, beside the stream read of the same bytes under the
+    same timer (`timing`: "graph" or "contest"): rows of sweep_fields(timing), the data dispatch's config choice is
+    derived from."""
+    results = sweep_simt_configs(shapes, configs, log, timing, iters)
+    time_us = _timer(timing, iters)
     rows = []
     for m, k, l in shapes:  # noqa: E741
         fn, pool = stream_read_variant(bytes_moved(m, k, l))
-        read = graph_time_us(fn, pool)
+        read = time_us(fn, pool)
         del pool
         for cfg in configs:
             us = results[((m, k, l), cfg)]
-            rows.append(dict(m=m, k=k, l=l, warps=cfg.warps, r_lanes=cfg.r_lanes, unroll=cfg.unroll,
-                             rows_per_thread=cfg.rows_per_thread, k_splits=cfg.k_splits, graph_us=us,
-                             read_graph_us=read, x_read=us / read))
-        log(f"{m:>6} {k:>6} {l:>2}  stream read {read:8.2f} us; best config x{min(r['x_read'] for r in rows[-len(configs):]):.3f}")
+            rows.append({"m": m, "k": k, "l": l, "warps": cfg.warps, "r_lanes": cfg.r_lanes, "unroll": cfg.unroll,
+                         "rows_per_thread": cfg.rows_per_thread, "k_splits": cfg.k_splits, f"{timing}_us": us,
+                         f"read_{timing}_us": read, "x_read": us / read})
+        best = min(r["x_read"] for r in rows[-len(configs):])
+        log(f"{m:>6} {k:>6} {l:>2}  stream read {read:8.2f} us ({timing}); best config x{best:.3f}")
     return rows
 
 

@@ -314,7 +314,7 @@ def _cmd_sweep(args) -> int:
     import itertools
 
     from cute_kernels.gemv_simt import GemvSimtConfig
-    from nvfp4_gemv.bench import SWEEP_FIELDS, sweep_rows
+    from nvfp4_gemv.bench import sweep_fields, sweep_rows
     from nvfp4_gemv.shapes import SUITES
 
     if not _has_cuda():
@@ -331,10 +331,11 @@ def _cmd_sweep(args) -> int:
     configs = [GemvSimtConfig(warps=w, r_lanes=r, unroll=u, rows_per_thread=t, k_splits=s)
                for w, r, u, t, s in itertools.product(args.warps, args.r_lanes, args.unroll, args.rows_per_thread,
                                                       args.k_splits)]
-    rows = sweep_rows(args.shapes or list(SUITES[args.suite]), configs, log=Progress())
+    rows = sweep_rows(args.shapes or list(SUITES[args.suite]), configs, log=Progress(), timing=args.timing,
+                      iters=args.iters)
     args.out.mkdir(exist_ok=True)
     with open(args.out / "sweep.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=SWEEP_FIELDS)
+        w = csv.DictWriter(f, fieldnames=sweep_fields(args.timing))
         w.writeheader()
         w.writerows(rows)
     print(f"wrote {args.out / 'sweep.csv'} ({len(rows)} rows)")
@@ -417,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
                    f"{H200_NOMINAL_TBPS} TB/s)")
     b.set_defaults(func=_cmd_bench)
 
-    w = sub.add_parser("sweep", help="graph-time CUDA-core kernel configs on a suite beside the stream read (GPU)")
+    w = sub.add_parser("sweep", help="time CUDA-core kernel configs on a suite beside the stream read (GPU)")
     w.add_argument("--suite", choices=("contest", "decode"), default="decode")
     w.add_argument("--shapes", nargs="+", type=_shape_arg, metavar="M,K,L", help="shapes (default: the --suite's)")
     w.add_argument("--warps", nargs="+", type=_positive_int, default=[2, 4, 8, 16])
@@ -426,6 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--rows-per-thread", nargs="+", type=int, choices=(1, 2, 4), default=[1])
     w.add_argument("--k-splits", nargs="+", type=int, choices=(1, 2, 4, 8), default=[1],
                    help="CTAs of a cluster splitting K (default: 1)")
+    w.add_argument("--timing", choices=("graph", "contest"), default="graph",
+                   help="graph: kernel time, one CUDA graph of 20+ calls (default); contest: the contest's timing, "
+                        "each call after an L2 flush, events around the Python call (the targets' timing)")
+    w.add_argument("--iters", type=_positive_int, default=50, help="--timing contest: calls a config (default 50)")
     w.add_argument("--out", type=_out_folder, default="bench-out", help="folder for sweep.csv (default: bench-out)")
     w.add_argument("--linear", action="store_true",
                    help="the W4A16 linear instead: every split its launcher chooses from (nvfp4_gemv.linear.bench."

@@ -298,6 +298,8 @@ def test_default_outputs_are_git_ignored():
         (["compile", "--arch", "sm_80", "--out", "x"], "invalid choice"),
         (["compile", "--arch", "sm_90a"], "--out"),
         (["check", "--sf", "blocked"], "invalid choice"),
+        (["sweep", "--timing", "wall"], "invalid choice"),
+        (["sweep", "--iters", "0"], "--iters: must be >= 1"),
     ],
 )
 def test_argument_errors_exit_nonzero(argv, message, capsys):
@@ -308,6 +310,16 @@ def test_argument_errors_exit_nonzero(argv, message, capsys):
     assert message in err
     if argv and argv[0] == "bench":
         assert err.startswith("usage: nvfp4-gemv bench")  # bench's own usage, not the top-level one
+
+
+def test_sweep_columns_name_their_timer():
+    from nvfp4_gemv import bench
+
+    assert bench.sweep_fields("graph")[-3:] == ("graph_us", "read_graph_us", "x_read")
+    assert bench.sweep_fields("contest")[-3:] == ("contest_us", "read_contest_us", "x_read")
+    assert bench._timer("graph", 50) is bench.graph_time_us
+    with pytest.raises(ValueError, match="timing must be one of"):
+        bench._timer("wall", 50)
 
 
 @pytest.mark.parametrize("command", [["submission"], ["bench"], ["compile", "--arch", "sm_90a"]], ids=str)
