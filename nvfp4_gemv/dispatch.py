@@ -42,7 +42,10 @@ TC_CONFIGS = {"tc": gemv_tc_sm100.GemvTcSm100Config(), "tc128": gemv_tc_sm100.Ge
 # has ceil(M/128)·(32/r_lanes)·L CTAs of `warps` warps; a GEMV reads at the roofline once about WARPS_PER_SM warps
 # per SM are in flight, so warps per CTA (each on its own K windows, summed in a fixed order) grow until the grid
 # holds that many. r_lanes = 2 (256-byte row pieces) except at K <= 2048 with rows to spare, where 128-byte pieces
-# (r_lanes = 4) measured faster; CTAs of 8 or more warps take the 4-step unroll.
+# (r_lanes = 4) measured faster, so long as their grid is one resident wave (7168 x 2048 x 4, 3584 warps: 1.15 x the
+# read against 1.21 with 256-byte pieces, graph-timed; 7168 x 2048 x 8, 7168 warps, 1.7 waves: 1.17 against 1.15,
+# and under contest timing 1.12 against 1.10, docs/sweep_h200_contest.csv); CTAs of 8 or more warps take the
+# 4-step unroll.
 # Where the grid is short of warps even at 16 a CTA (a second sweep, docs/sweep_h200_small_m.csv: small M·L, warps
 # 2-16 × K split over 1-8 CTAs of a cluster; BENCHMARKS.md, "Few rows"):
 # - 16-warp CTAs (82 registers: one fits an SM) only where there are no more CTAs than SMs and K gives a warp at
@@ -57,6 +60,9 @@ SPLIT_STEPS_PER_CTA = 8
 # the table): what decides how many of their CTAs an SM holds, so how large a split still fits one wave.
 SPLIT_REGISTERS = {("permuted", 2): 80, ("permuted", 4): 64, ("permuted", 8): 64,
                    ("plain", 2): 112, ("plain", 4): 80, ("plain", 8): 112}
+# Registers of the 2-warp, 128-byte-piece config (ptxas, sm_90a; checked like SPLIT_REGISTERS): how many of its warps
+# an SM holds, so whether its grid is one wave.
+R4_REGISTERS = {"permuted": 64, "plain": 72}
 REGISTER_FILE = 65536  # 32-bit registers an SM holds (sm_90 and sm_100)
 H200_SMS = 132  # the SM count the model falls back to where no device is asked (CPU compiles)
 
@@ -65,7 +71,8 @@ def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int 
     """The CUDA-core kernel's config for (M, K, L) on a GPU with `sms` SMs (see the model above)."""
     target = WARPS_PER_SM * sms
     slabs = -(-m // 128) * l
-    if k <= 2048 and slabs * (128 // 16) * 2 >= target:  # r_lanes = 4: 8 CTAs a slab, 2 warps each
+    r4_warps = slabs * (128 // 16) * 2  # r_lanes = 4: 8 CTAs a slab, 2 warps each
+    if k <= 2048 and target <= r4_warps <= sms * (REGISTER_FILE // (R4_REGISTERS[sf_kind] * 32)):
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=2, r_lanes=4, unroll=4)
     ctas = slabs * (128 // 8)  # r_lanes = 2: 16 CTAs a slab
     warps = next((w for w in WARP_CHOICES if ctas * w >= target), WARP_CHOICES[-1])

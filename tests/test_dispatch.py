@@ -55,7 +55,8 @@ def test_sm100_defaults_to_tensor_cores_and_offers_the_cuda_core_variant(monkeyp
     [
         ((7168, 16384, 1), 132, (4, 2, 2, 1)),  # 896 CTAs: 2 warps each leave the GPU short of warps
         ((4096, 7168, 8), 132, (2, 2, 2, 1)),  # 4096 CTAs: plenty
-        ((7168, 2048, 4), 132, (2, 4, 4, 1)),  # short K with rows to spare: 128-byte row pieces
+        ((7168, 2048, 4), 132, (2, 4, 4, 1)),  # short K with rows to spare: 128-byte row pieces, one wave of them
+        ((7168, 2048, 8), 132, (2, 2, 2, 1)),  # 128-byte pieces would make 1.7 waves: 256-byte ones
         ((1536, 2048, 8), 132, (2, 2, 2, 1)),  # short K without: 256-byte pieces keep enough CTAs
         ((4096, 7168, 1), 132, (8, 2, 4, 1)),  # 512 CTAs: K split over 8 warps a CTA
         ((576, 7168, 1), 132, (16, 2, 4, 1)),  # 80 CTAs, no more than SMs: the most warps a CTA takes

@@ -203,3 +203,15 @@ def test_register_table_of_the_split_configs_matches_ptxas(tmp_path):
                                   f"sf_kind={sf_kind!r}, warps=8, r_lanes=2, unroll=2, k_splits={splits}",
                                   tmp_path / f"{sf_kind}{splits}")
         assert got == table, (sf_kind, splits, got)
+
+
+def test_register_table_of_the_128_byte_piece_config_matches_ptxas(tmp_path):
+    """nvfp4_gemv.dispatch.R4_REGISTERS (whether the 2-warp, 128-byte-piece grid is one resident wave) is what ptxas
+    gives that config (sm_90a, rounded up to the allocation step of 8)."""
+    from nvfp4_gemv.dispatch import R4_REGISTERS
+    from registers import allocated_registers
+
+    for sf_kind, table in R4_REGISTERS.items():
+        got = allocated_registers("gemv_simt", "GemvSimt", f"sf_kind={sf_kind!r}, warps=2, r_lanes=4, unroll=4",
+                                  tmp_path / sf_kind)
+        assert got == table, (sf_kind, got)
