@@ -52,7 +52,6 @@ class GemvSimtConfig:
     rows_per_thread: int = 1  # r values per thread; a CTA covers 4·r_lanes·rows_per_thread rows of one slab
     unroll: int = 2  # unroll of the K-step loop
     k_splits: int = 1  # CTAs of a thread-block cluster that split K for the same rows (their sums meet in shared memory)
-    tail_in_loop: bool = False  # the last, partial K step inside the loop (clamped loads, b zeroed) instead of after it
 
     def __post_init__(self):
         if self.sf_kind not in SF_KINDS:
@@ -222,30 +221,16 @@ class GemvSimt(GemvLaunch):
         # ahead were all slower on the H200 (BENCHMARKS.md, "Tried, measured, and the verdict").
         piece_stride = pieces_per_step
         piece0 = (warp if splits == 1 else split * self.warps + warp) * cfg.c_lanes + c
-        if const_expr(cfg.tail_in_loop):
-            # Every step in one loop, so that ptxas can issue the partial step's loads with the step before it
-            # (after the loop they wait for that step's math: one more DRAM round trip where K takes two steps or
-            # three). A lane past K loads the last piece again and zeroes its b words: it adds exactly +0.
-            last = n_pieces - 1
-            for st in cutlass.range((n_pieces + piece_stride - 1) // piece_stride, unroll=cfg.unroll):
-                piece = piece0 + st * piece_stride
-                bufs = self.make_buffers()
-                self.load_piece(bufs, a_words, b_words, sfa, sfb, cutlass.min(piece, last), slab, r_first, m, bidl)
-                keep = Uint32(0) - Uint32(piece <= last)  # all ones for a piece inside K, else zero
-                for w in cutlass.range_constexpr(PIECE_WORDS):
-                    bufs[2][w] = bufs[2][w] & keep
-                self.compute_piece(bufs, acc, cutlass.min(piece, last), luts)
-        else:
-            for st in cutlass.range(n_full, unroll=cfg.unroll):
-                piece = piece0 + st * piece_stride
-                bufs = self.make_buffers()
-                self.load_piece(bufs, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl)
-                self.compute_piece(bufs, acc, piece, luts)
-            tail = piece0 + n_full * piece_stride
-            if tail < n_pieces:  # the last, partial step: lanes past K idle
-                bufs = self.make_buffers()
-                self.load_piece(bufs, a_words, b_words, sfa, sfb, tail, slab, r_first, m, bidl)
-                self.compute_piece(bufs, acc, tail, luts)
+        for st in cutlass.range(n_full, unroll=cfg.unroll):
+            piece = piece0 + st * piece_stride
+            bufs = self.make_buffers()
+            self.load_piece(bufs, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl)
+            self.compute_piece(bufs, acc, piece, luts)
+        tail = piece0 + n_full * piece_stride
+        if tail < n_pieces:  # the last, partial step: lanes past K idle
+            bufs = self.make_buffers()
+            self.load_piece(bufs, a_words, b_words, sfa, sfb, tail, slab, r_first, m, bidl)
+            self.compute_piece(bufs, acc, tail, luts)
 
         # Lanes of a row (butterfly over c), then warps in order: a fixed summation tree.
         for i in cutlass.range_constexpr(self.rr):

@@ -328,9 +328,9 @@ def _cmd_sweep(args) -> int:
                  log=lambda s: print(s, flush=True))
         print(f"wrote {args.out / 'linear_sweep.csv'}")
         return 0
-    configs = [GemvSimtConfig(warps=w, r_lanes=r, unroll=u, rows_per_thread=t, k_splits=s, tail_in_loop=bool(i))
-               for w, r, u, t, s, i in itertools.product(args.warps, args.r_lanes, args.unroll, args.rows_per_thread,
-                                                         args.k_splits, args.tail_in_loop)]
+    configs = [GemvSimtConfig(warps=w, r_lanes=r, unroll=u, rows_per_thread=t, k_splits=s)
+               for w, r, u, t, s in itertools.product(args.warps, args.r_lanes, args.unroll, args.rows_per_thread,
+                                                      args.k_splits)]
     rows = sweep_rows(args.shapes or list(SUITES[args.suite]), configs, log=Progress(), timing=args.timing,
                       iters=args.iters)
     args.out.mkdir(exist_ok=True)
@@ -427,8 +427,6 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--rows-per-thread", nargs="+", type=int, choices=(1, 2, 4), default=[1])
     w.add_argument("--k-splits", nargs="+", type=int, choices=(1, 2, 4, 8), default=[1],
                    help="CTAs of a cluster splitting K (default: 1)")
-    w.add_argument("--tail-in-loop", nargs="+", type=int, choices=(0, 1), default=[0],
-                   help="1: the last, partial K step inside the loop (GemvSimtConfig.tail_in_loop; default: 0)")
     w.add_argument("--timing", choices=("graph", "contest"), default="graph",
                    help="graph: kernel time, one CUDA graph of 20+ calls (default); contest: the contest's timing, "
                         "each call after an L2 flush, events around the Python call (the targets' timing)")
