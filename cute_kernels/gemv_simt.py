@@ -52,7 +52,6 @@ class GemvSimtConfig:
     rows_per_thread: int = 1  # r values per thread; a CTA covers 4·r_lanes·rows_per_thread rows of one slab
     unroll: int = 2  # unroll of the K-step loop
     k_splits: int = 1  # CTAs of a thread-block cluster that split K for the same rows (their sums meet in shared memory)
-    max_registers: int = 0  # 0: as ptxas likes; else a cap, so that more CTAs stay resident (min CTAs per SM)
 
     def __post_init__(self):
         if self.sf_kind not in SF_KINDS:
@@ -65,14 +64,6 @@ class GemvSimtConfig:
             raise ValueError(f"r_lanes must be 2, 4 or 8 with r_lanes·rows_per_thread <= 32, got {self}")
         if self.k_splits not in (1, 2, 4, 8):
             raise ValueError(f"k_splits must be 1, 2, 4 or 8 (a portable cluster), got {self.k_splits}")
-        if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
-                                   or not 2 <= self.min_ctas_per_sm() <= 32):
-            raise ValueError(f"max_registers must be 0 or a multiple of 8 in 24..248 at which 2 to 32 CTAs fill the "
-                             f"register file, got {self}")
-
-    def min_ctas_per_sm(self) -> int:
-        """The CTAs per SM that max_registers a thread allows (told to ptxas, which then caps the registers)."""
-        return 65536 // (self.max_registers * 32 * self.warps)
 
     @property
     def c_lanes(self) -> int:
@@ -132,12 +123,6 @@ class GemvSimt(GemvLaunch):
         shape = dict(grid=[n_slabs * self.cfg.ctas_per_slab * splits, l, 1], block=[32 * self.warps, 1, 1])
         if const_expr(splits > 1):
             shape["cluster"] = [splits, 1, 1]  # consecutive CTAs: one row block, K split over them
-        if const_expr(self.cfg.max_registers > 0):
-            # ptxas caps the registers so that this many CTAs fit an SM (nvvm.minctasm); the shared-memory carve-out
-            # (in percent of 228 KB) is given with it, or the DSL would ask the device for it.
-            ctas = self.cfg.min_ctas_per_sm()
-            smem = ctas * (4 * self.cfg.rows_per_cta * (self.warps + 1) + 256 + 1024)
-            shape.update(min_blocks_per_mp=ctas, preferred_smem_carveout=-(-100 * smem // (228 * 1024)))
         return self.kernel(a_words, b_words, sfa, sfb, c_ml, m, k), shape
 
     @cute.jit

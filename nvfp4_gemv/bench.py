@@ -313,7 +313,7 @@ def sweep_simt_configs(shapes, configs, log=print, timing: str = "graph", iters:
             us = time_us(on_permuted(on_torch_stream(GemvSimt, cfg)), pool)
             out[((m, k, l), cfg)] = us
             log(f"{m:>6} {k:>6} {l:>2}  warps={cfg.warps:<2} r_lanes={cfg.r_lanes} rows/thr={cfg.rows_per_thread} "
-                f"unroll={cfg.unroll} k_splits={cfg.k_splits} max_registers={cfg.max_registers} {us:8.2f} us ({timing})")
+                f"unroll={cfg.unroll} k_splits={cfg.k_splits} {us:8.2f} us ({timing})")
         del pool
         torch.cuda.empty_cache()
     return out
@@ -321,7 +321,7 @@ def sweep_simt_configs(shapes, configs, log=print, timing: str = "graph", iters:
 
 def sweep_fields(timing: str = "graph") -> tuple:
     """The columns of a sweep's rows: the config, then its µs and the stream read's under `timing`."""
-    return ("m", "k", "l", "warps", "r_lanes", "unroll", "rows_per_thread", "k_splits", "max_registers", f"{timing}_us",
+    return ("m", "k", "l", "warps", "r_lanes", "unroll", "rows_per_thread", "k_splits", f"{timing}_us",
             f"read_{timing}_us", "x_read")
 
 
@@ -339,8 +339,7 @@ def sweep_rows(shapes, configs, log=print, timing: str = "graph", iters: int = 5
         for cfg in configs:
             us = results[((m, k, l), cfg)]
             rows.append({"m": m, "k": k, "l": l, "warps": cfg.warps, "r_lanes": cfg.r_lanes, "unroll": cfg.unroll,
-                         "rows_per_thread": cfg.rows_per_thread, "k_splits": cfg.k_splits,
-                         "max_registers": cfg.max_registers, f"{timing}_us": us,
+                         "rows_per_thread": cfg.rows_per_thread, "k_splits": cfg.k_splits, f"{timing}_us": us,
                          f"read_{timing}_us": read, "x_read": us / read})
         best = min(r["x_read"] for r in rows[-len(configs):])
         log(f"{m:>6} {k:>6} {l:>2}  stream read {read:8.2f} us ({timing}); best config x{best:.3f}")

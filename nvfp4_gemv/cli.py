@@ -328,9 +328,9 @@ def _cmd_sweep(args) -> int:
                  log=lambda s: print(s, flush=True))
         print(f"wrote {args.out / 'linear_sweep.csv'}")
         return 0
-    configs = [GemvSimtConfig(warps=w, r_lanes=r, unroll=u, rows_per_thread=t, k_splits=s, max_registers=g)
-               for w, r, u, t, s, g in itertools.product(args.warps, args.r_lanes, args.unroll, args.rows_per_thread,
-                                                         args.k_splits, args.max_registers)]
+    configs = [GemvSimtConfig(warps=w, r_lanes=r, unroll=u, rows_per_thread=t, k_splits=s)
+               for w, r, u, t, s in itertools.product(args.warps, args.r_lanes, args.unroll, args.rows_per_thread,
+                                                      args.k_splits)]
     rows = sweep_rows(args.shapes or list(SUITES[args.suite]), configs, log=Progress(), timing=args.timing,
                       iters=args.iters)
     args.out.mkdir(exist_ok=True)
@@ -427,8 +427,6 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--rows-per-thread", nargs="+", type=int, choices=(1, 2, 4), default=[1])
     w.add_argument("--k-splits", nargs="+", type=int, choices=(1, 2, 4, 8), default=[1],
                    help="CTAs of a cluster splitting K (default: 1)")
-    w.add_argument("--max-registers", nargs="+", type=int, default=[0],
-                   help="register caps (GemvSimtConfig.max_registers; 0: none, the default)")
     w.add_argument("--timing", choices=("graph", "contest"), default="graph",
                    help="graph: kernel time, one CUDA graph of 20+ calls (default); contest: the contest's timing, "
                         "each call after an L2 flush, events around the Python call (the targets' timing)")

@@ -214,8 +214,6 @@ SPLIT_CONFIGS = {
     "w2s8": dict(warps=2, r_lanes=2, k_splits=8),
     "w8s8": dict(warps=8, r_lanes=2, unroll=4, k_splits=8),
     "w2s2r4t2": dict(warps=2, r_lanes=4, rows_per_thread=2, k_splits=2),
-    "w16c64": dict(warps=16, r_lanes=2, unroll=4, max_registers=64),  # registers capped: spills
-    "w8c64s2": dict(warps=8, r_lanes=2, unroll=2, k_splits=2, max_registers=64),
 }
 
 
