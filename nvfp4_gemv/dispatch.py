@@ -44,12 +44,16 @@ TC_CONFIGS = {"tc": gemv_tc_sm100.GemvTcSm100Config(), "tc128": gemv_tc_sm100.Ge
 # holds that many. r_lanes = 2 (256-byte row pieces) except at K <= 2048 with rows to spare, where 128-byte pieces
 # (r_lanes = 4) measured faster, so long as their grid is one resident wave (7168 x 2048 x 4, 3584 warps: 1.15 x the
 # read against 1.21 with 256-byte pieces, graph-timed; 7168 x 2048 x 8, 7168 warps, 1.7 waves: 1.17 against 1.15,
-# and under contest timing 1.12 against 1.10, docs/sweep_h200_contest.csv); CTAs of 8 or more warps take the
+# and under contest timing 1.12 against 1.10, docs/sweep_h200_contest.csv); 8-warp CTAs filling the grid take the
 # 4-step unroll.
 # Where the grid is short of warps even at 16 a CTA (a second sweep, docs/sweep_h200_small_m.csv: small M·L, warps
 # 2-16 × K split over 1-8 CTAs of a cluster; BENCHMARKS.md, "Few rows"):
-# - 16-warp CTAs (82 registers: one fits an SM) only where there are no more CTAs than SMs and K gives a warp at
-#   least half a step; else 8 with the 2-step unroll (1536 x 7168 x 1: 1.27 x the read against 1.55);
+# - 16-warp CTAs (82-104 registers: one fits an SM) only where there are no more CTAs than SMs and K gives a warp at
+#   least half a step; else 8 with the 2-step unroll (1536 x 7168 x 1: 1.27 x the read against 1.55). 16-warp CTAs
+#   take the 2-step unroll: it beat the 4-step one on every shape they serve, in four sweeps and both timings
+#   (576 x 7168 x 1: 1.28-1.31 against 1.30-1.34 graph-timed, 1.12-1.14 against 1.15 contest-timed;
+#   1024 x 7168 x 1: 1.23-1.26 against 1.26-1.30, and 1.12 against 1.14; docs/sweep_h200_small_m.csv,
+#   docs/sweep_h200_contest_small_m.csv, docs/sweep_h200_regcap*.csv);
 # - with K of 32 or more 512-element steps, 8-warp CTAs with K split over a cluster of k_splits of them, about 8
 #   steps a CTA, while the clusters fit one resident wave (256 x 28672 x 1: 1.54 against 2.09).
 WARPS_PER_SM = 19
@@ -91,13 +95,13 @@ def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int 
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2, k_splits=splits)
     if ctas > sms or steps < 8:  # more CTAs than SMs, or under half a K step for each of 16 warps
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2)
-    return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=16, r_lanes=2, unroll=4)
+    return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=16, r_lanes=2, unroll=2)
 
 
 def simt_configs(sf_kind: str = "permuted") -> tuple:
     """Every config `simt_config_for` can return: what a compile-only check must build."""
     return (gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=2, r_lanes=4, unroll=4),) + tuple(
-        gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=w, r_lanes=2, unroll=4 if w >= 8 else 2) for w in WARP_CHOICES
+        gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=w, r_lanes=2, unroll=4 if w == 8 else 2) for w in WARP_CHOICES
     ) + tuple(gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2, k_splits=s) for s in (1, 2, 4, 8))
 
 

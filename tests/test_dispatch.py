@@ -59,7 +59,7 @@ def test_sm100_defaults_to_tensor_cores_and_offers_the_cuda_core_variant(monkeyp
         ((7168, 2048, 8), 132, (2, 2, 2, 1)),  # 128-byte pieces would make 1.7 waves: 256-byte ones
         ((1536, 2048, 8), 132, (2, 2, 2, 1)),  # short K without: 256-byte pieces keep enough CTAs
         ((4096, 7168, 1), 132, (8, 2, 4, 1)),  # 512 CTAs: K split over 8 warps a CTA
-        ((576, 7168, 1), 132, (16, 2, 4, 1)),  # 80 CTAs, no more than SMs: the most warps a CTA takes
+        ((576, 7168, 1), 132, (16, 2, 2, 1)),  # 80 CTAs, no more than SMs: the most warps a CTA takes
         ((4096, 7168, 1), 66, (4, 2, 2, 1)),  # half the SMs need half the warps
         ((1536, 7168, 1), 132, (8, 2, 2, 1)),  # 192 CTAs: at 16 warps (2 an SM) some SMs would take two
         ((576, 7168, 2), 132, (8, 2, 2, 1)),  # 160 CTAs: likewise
