@@ -48,12 +48,15 @@ TC_CONFIGS = {"tc": gemv_tc_sm100.GemvTcSm100Config(), "tc128": gemv_tc_sm100.Ge
 # 4-step unroll.
 # Where the grid is short of warps even at 16 a CTA (a second sweep, docs/sweep_h200_small_m.csv: small M·L, warps
 # 2-16 × K split over 1-8 CTAs of a cluster; BENCHMARKS.md, "Few rows"):
-# - 16-warp CTAs (82-104 registers: one fits an SM) only where there are no more CTAs than SMs and K gives a warp at
-#   least half a step; else 8 with the 2-step unroll (1536 x 7168 x 1: 1.27 x the read against 1.55). 16-warp CTAs
-#   take the 2-step unroll: it beat the 4-step one on every shape they serve, in four sweeps and both timings
-#   (576 x 7168 x 1: 1.28-1.31 against 1.30-1.34 graph-timed, 1.12-1.14 against 1.15 contest-timed;
-#   1024 x 7168 x 1: 1.23-1.26 against 1.26-1.30, and 1.12 against 1.14; docs/sweep_h200_small_m.csv,
-#   docs/sweep_h200_contest_small_m.csv, docs/sweep_h200_regcap*.csv);
+# - where K gives a warp at least half a step, 16-warp CTAs while they make one resident wave: with the 2-step unroll
+#   (82-104 registers: one an SM) where there are no more CTAs than SMs, else with no unroll (56 registers, 64 with
+#   plain scales: two an SM; U1_REGISTERS); otherwise 8 with the 2-step unroll. The 2-step unroll beat the 4-step one
+#   on every shape 16-warp CTAs serve, in four sweeps and both timings (576 x 7168 x 1: 1.28-1.31 against 1.30-1.34
+#   graph-timed, 1.12-1.14 against 1.15 contest-timed; 1024 x 7168 x 1: 1.23-1.26 against 1.26-1.30, and 1.10-1.12
+#   against 1.11-1.14); no unroll beat 8-warp CTAs where two 16-warp CTAs share an SM (1536 x 7168 x 1, 192 CTAs:
+#   1.28 against 1.32 graph-timed, 1.10 against 1.14 contest-timed; 576 x 7168 x 2: 1.38 against 1.44, 1.14 against
+#   1.19; docs/sweep_h200_small_m.csv, docs/sweep_h200_contest_small_m.csv, docs/sweep_h200_regcap*.csv,
+#   docs/sweep_h200_unroll1*.csv);
 # - with K of 32 or more 512-element steps, 8-warp CTAs with K split over a cluster of k_splits of them, about 8
 #   steps a CTA, while the clusters fit one resident wave (256 x 28672 x 1: 1.54 against 2.09).
 WARPS_PER_SM = 19
@@ -67,6 +70,8 @@ SPLIT_REGISTERS = {("permuted", 2): 80, ("permuted", 4): 64, ("permuted", 8): 64
 # Registers of the 2-warp, 128-byte-piece config (ptxas, sm_90a; checked like SPLIT_REGISTERS): how many of its warps
 # an SM holds, so whether its grid is one wave.
 R4_REGISTERS = {"permuted": 64, "plain": 72}
+# Registers of the 16-warp config without unroll (likewise): whether two of its CTAs share an SM.
+U1_REGISTERS = {"permuted": 56, "plain": 64}
 REGISTER_FILE = 65536  # 32-bit registers an SM holds (sm_90 and sm_100)
 H200_SMS = 132  # the SM count the model falls back to where no device is asked (CPU compiles)
 
@@ -93,16 +98,20 @@ def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int 
         splits = max((s for s in (2, 4, 8) if s <= 1.5 * want and fits(s)), default=1)
     if splits > 1:
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2, k_splits=splits)
-    if ctas > sms or steps < 8:  # more CTAs than SMs, or under half a K step for each of 16 warps
+    if steps < 8:  # under half a K step for each of 16 warps
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2)
-    return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=16, r_lanes=2, unroll=2)
+    if ctas <= sms:
+        return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=16, r_lanes=2, unroll=2)
+    if ctas <= sms * (REGISTER_FILE // (U1_REGISTERS[sf_kind] * 32 * 16)):  # two an SM, one wave
+        return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=16, r_lanes=2, unroll=1)
+    return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2)
 
 
 def simt_configs(sf_kind: str = "permuted") -> tuple:
     """Every config `simt_config_for` can return: what a compile-only check must build."""
     return (gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=2, r_lanes=4, unroll=4),) + tuple(
         gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=w, r_lanes=2, unroll=4 if w == 8 else 2) for w in WARP_CHOICES
-    ) + tuple(gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2, k_splits=s) for s in (1, 2, 4, 8))
+    ) + (gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=16, r_lanes=2, unroll=1),) + tuple(gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2, k_splits=s) for s in (1, 2, 4, 8))
 
 
 def default_sm100_variant() -> str:

@@ -61,8 +61,9 @@ def test_sm100_defaults_to_tensor_cores_and_offers_the_cuda_core_variant(monkeyp
         ((4096, 7168, 1), 132, (8, 2, 4, 1)),  # 512 CTAs: K split over 8 warps a CTA
         ((576, 7168, 1), 132, (16, 2, 2, 1)),  # 80 CTAs, no more than SMs: the most warps a CTA takes
         ((4096, 7168, 1), 66, (4, 2, 2, 1)),  # half the SMs need half the warps
-        ((1536, 7168, 1), 132, (8, 2, 2, 1)),  # 192 CTAs: at 16 warps (2 an SM) some SMs would take two
-        ((576, 7168, 2), 132, (8, 2, 2, 1)),  # 160 CTAs: likewise
+        ((1536, 7168, 1), 132, (16, 2, 1, 1)),  # 192 CTAs: 16 warps without unroll (56 registers), two an SM
+        ((576, 7168, 2), 132, (16, 2, 1, 1)),  # 160 CTAs: likewise
+        ((2304, 7168, 1), 132, (8, 2, 2, 1)),  # 288 CTAs: more than two an SM, 8-warp CTAs
         ((768, 2048, 1), 132, (8, 2, 2, 1)),  # 4 K steps: 16 warps would leave 12 idle
         ((256, 16384, 1), 132, (8, 2, 2, 4)),  # 32 CTAs, 32 K steps: K over a cluster of 4, 8 steps a CTA
         ((256, 28672, 1), 132, (8, 2, 2, 8)),  # 56 steps: a cluster of 8

@@ -207,13 +207,15 @@ def _bit_identical_with_nan_scales(run, mkl, seed, runs):
 
 
 # The CUDA-core kernel with K split over the CTAs of a cluster (GemvSimtConfig.k_splits), called directly: every
-# split dispatch can choose, and odd ones (rows_per_thread 2, plain scales, 8 CTAs of 8 warps).
+# split dispatch can choose, and odd ones (rows_per_thread 2, plain scales, 8 CTAs of 8 warps); and the 16-warp config
+# without unroll, which dispatch picks where no test shape reaches it.
 SPLIT_CONFIGS = {
     "w16s2": dict(warps=16, r_lanes=2, unroll=4, k_splits=2),
     "w4s4": dict(warps=4, r_lanes=2, k_splits=4),
     "w2s8": dict(warps=2, r_lanes=2, k_splits=8),
     "w8s8": dict(warps=8, r_lanes=2, unroll=4, k_splits=8),
     "w2s2r4t2": dict(warps=2, r_lanes=4, rows_per_thread=2, k_splits=2),
+    "w16u1": dict(warps=16, r_lanes=2, unroll=1),  # not a split: the 16-warp config without unroll
 }
 
 
@@ -232,7 +234,7 @@ def test_k_split_kernel_contest_and_full_range(m, k, l, config):
     _contest_and_full_range(_split(config), m, k, l, seeds=(4000 + m + k + l, 5 * m + k + l))
 
 
-@pytest.mark.parametrize("config", ["w4s4", "w2s2r4t2"])
+@pytest.mark.parametrize("config", ["w4s4", "w2s2r4t2", "w16u1"])
 @pytest.mark.parametrize("m,k,l", list(ODD_SHAPES) + [(576, 7168, 1)])
 def test_k_split_kernel_plain_scales(m, k, l, config):
     run = _split(config, "plain")
@@ -246,8 +248,9 @@ def test_k_split_kernel_one_hot_probes_bit_exact(m, k, l, config):
     _probes_bit_exact(_split(config), m, k, l)
 
 
-def test_k_split_kernel_bit_identical_across_runs_and_nan_scales():
-    _bit_identical_with_nan_scales(_split("w4s4"), (576, 7168, 2), seed=12, runs=50)
+@pytest.mark.parametrize("config", ["w4s4", "w16u1"])
+def test_k_split_kernel_bit_identical_across_runs_and_nan_scales(config):
+    _bit_identical_with_nan_scales(_split(config), (576, 7168, 2), seed=12, runs=50)
 
 
 @pytest.mark.parametrize("nbytes", [16, 4096, 1 << 20, (33_071_104 // 16 + 3) * 16])

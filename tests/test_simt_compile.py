@@ -205,13 +205,15 @@ def test_register_table_of_the_split_configs_matches_ptxas(tmp_path):
         assert got == table, (sf_kind, splits, got)
 
 
-def test_register_table_of_the_128_byte_piece_config_matches_ptxas(tmp_path):
-    """nvfp4_gemv.dispatch.R4_REGISTERS (whether the 2-warp, 128-byte-piece grid is one resident wave) is what ptxas
-    gives that config (sm_90a, rounded up to the allocation step of 8)."""
-    from nvfp4_gemv.dispatch import R4_REGISTERS
+@pytest.mark.parametrize("table,config", [("R4_REGISTERS", "warps=2, r_lanes=4, unroll=4"),
+                                          ("U1_REGISTERS", "warps=16, r_lanes=2, unroll=1")])
+def test_register_tables_of_the_one_wave_configs_match_ptxas(tmp_path, table, config):
+    """nvfp4_gemv.dispatch's R4_REGISTERS (whether the 2-warp, 128-byte-piece grid is one resident wave) and
+    U1_REGISTERS (whether two 16-warp CTAs without unroll share an SM) are what ptxas gives those configs (sm_90a,
+    rounded up to the allocation step of 8)."""
+    from nvfp4_gemv import dispatch
     from registers import allocated_registers
 
-    for sf_kind, table in R4_REGISTERS.items():
-        got = allocated_registers("gemv_simt", "GemvSimt", f"sf_kind={sf_kind!r}, warps=2, r_lanes=4, unroll=4",
-                                  tmp_path / sf_kind)
-        assert got == table, (sf_kind, got)
+    for sf_kind, regs in getattr(dispatch, table).items():
+        got = allocated_registers("gemv_simt", "GemvSimt", f"sf_kind={sf_kind!r}, {config}", tmp_path / sf_kind)
+        assert got == regs, (sf_kind, got)
