@@ -67,7 +67,8 @@ def test_sm100_defaults_to_tensor_cores_and_offers_the_cuda_core_variant(monkeyp
         ((768, 2048, 1), 132, (8, 2, 2, 1)),  # 4 K steps: 16 warps would leave 12 idle
         ((256, 16384, 1), 132, (8, 2, 2, 4)),  # 32 CTAs, 32 K steps: K over a cluster of 4, 8 steps a CTA
         ((256, 28672, 1), 132, (8, 2, 2, 8)),  # 56 steps: a cluster of 8
-        ((1024, 28672, 1), 132, (8, 2, 2, 4)),  # 128 CTAs: 4 a cluster is what fits one wave
+        ((1024, 28672, 1), 132, (16, 2, 2, 1)),  # 128 CTAs: most SMs have a CTA, no split
+        ((512, 16384, 1), 132, (16, 2, 2, 1)),  # 64 CTAs: likewise
         ((1, 64, 1), 132, (8, 2, 2, 1)),
     ],
 )
