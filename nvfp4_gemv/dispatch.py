@@ -114,9 +114,13 @@ def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int 
 
 def simt_configs(sf_kind: str = "permuted") -> tuple:
     """Every config `simt_config_for` can return: what a compile-only check must build."""
-    return (gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=2, r_lanes=4, unroll=4),) + tuple(
-        gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=w, r_lanes=2, unroll=4 if w == 8 else 2) for w in WARP_CHOICES
-    ) + (gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=16, r_lanes=2, unroll=1),) + tuple(gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2, k_splits=s) for s in (1, 2, 4, 8))
+    cfg = functools.partial(gemv_simt.GemvSimtConfig, sf_kind=sf_kind)
+    return (
+        (cfg(warps=2, r_lanes=4, unroll=4),)
+        + tuple(cfg(warps=w, r_lanes=2, unroll=4 if w == 8 else 2) for w in WARP_CHOICES)
+        + (cfg(warps=16, r_lanes=2, unroll=1),)
+        + tuple(cfg(warps=8, r_lanes=2, unroll=2, k_splits=s) for s in (1, 2, 4, 8))
+    )
 
 
 def default_sm100_variant() -> str:
