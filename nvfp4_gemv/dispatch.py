@@ -57,16 +57,18 @@ TC_CONFIGS = {"tc": gemv_tc_sm100.GemvTcSm100Config(), "tc128": gemv_tc_sm100.Ge
 #   1.28 against 1.32 graph-timed, 1.10 against 1.14 contest-timed; 576 x 7168 x 2: 1.38 against 1.44, 1.14 against
 #   1.19; docs/sweep_h200_small_m.csv, docs/sweep_h200_contest_small_m.csv, docs/sweep_h200_regcap*.csv,
 #   docs/sweep_h200_unroll1*.csv);
-# - with K of 32 or more 512-element steps and so few rows that the grid leaves three SMs in four without a CTA,
-#   8-warp CTAs with K split over a cluster of k_splits of them, about 8 steps a CTA, while the clusters fit one
-#   resident wave (256 x 28672 x 1, 32 CTAs: 1.54 against 2.09 graph-timed). With more CTAs, unsplit 16-warp CTAs
-#   win: 512 x 16384 x 1 (64 CTAs) 1.42 against 1.46 for a cluster of 4 graph-timed, 1.17 against 1.23
-#   contest-timed; 1024 x 28672 x 1 (128 CTAs) 1.21 against 1.62, and 1.10 against 1.37
-#   (docs/sweep_h200_split_rows*.csv).
+# - with K of 32 or more 512-element steps and few CTAs for that much K (ctas x SPLIT_WORK <= SMs x K steps: the
+#   longer K, the more CTAs a split still pays for), 8-warp CTAs with K split over a cluster of k_splits of them,
+#   about 8 steps a CTA, while the clusters fit one resident wave. Contest-timed, x the read, the best split against
+#   unsplit 16-warp CTAs (docs/sweep_h200_split_rows*.csv): at 56 steps, 32 CTAs 1.26 against 1.47 and 48 CTAs 1.23
+#   against 1.32 (split), 64 CTAs 1.27 against 1.26, 96 CTAs 1.25 against 1.15 and 128 CTAs 1.24 against 1.10
+#   (unsplit); at 32 steps, 32 CTAs 1.29 against 1.27, 48 CTAs 1.27 against 1.20, 64 CTAs 1.23 against 1.17
+#   (unsplit). Graph timing agrees but at 32 steps with 32-48 CTAs and at 56 steps with 64, where it has the split
+#   2-8 % ahead.
 WARPS_PER_SM = 19
 WARP_CHOICES = (2, 4, 8, 16)
 SPLIT_MIN_STEPS = 32  # K // 512 from which K is split over a cluster
-SPLIT_MAX_SM_SHARE = 4  # ... and only where the unsplit grid has at most one CTA for this many SMs
+SPLIT_WORK = 150  # ... and only where ctas x SPLIT_WORK <= SMs x K steps
 SPLIT_STEPS_PER_CTA = 8
 # Registers of the 8-warp split configs (ptxas for sm_90a, allocated in steps of 8; tests/test_simt_compile.py checks
 # the table): what decides how many of their CTAs an SM holds, so how large a split still fits one wave.
@@ -94,7 +96,7 @@ def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int 
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=warps, r_lanes=2, unroll=4 if warps >= 8 else 2)
     steps = k // 512  # 16 lanes x 32 elements a warp step
     splits = 1
-    if steps >= SPLIT_MIN_STEPS and ctas * SPLIT_MAX_SM_SHARE <= sms:
+    if steps >= SPLIT_MIN_STEPS and ctas * SPLIT_WORK <= sms * steps:
         want = steps / SPLIT_STEPS_PER_CTA
 
         def fits(s):  # the clusters of 8-warp CTAs make one resident wave

@@ -65,8 +65,9 @@ def test_sm100_defaults_to_tensor_cores_and_offers_the_cuda_core_variant(monkeyp
         ((576, 7168, 2), 132, (16, 2, 1, 1)),  # 160 CTAs: likewise
         ((2304, 7168, 1), 132, (8, 2, 2, 1)),  # 288 CTAs: more than two an SM, 8-warp CTAs
         ((768, 2048, 1), 132, (8, 2, 2, 1)),  # 4 K steps: 16 warps would leave 12 idle
-        ((256, 16384, 1), 132, (8, 2, 2, 4)),  # 32 CTAs, 32 K steps: K over a cluster of 4, 8 steps a CTA
-        ((256, 28672, 1), 132, (8, 2, 2, 8)),  # 56 steps: a cluster of 8
+        ((256, 16384, 1), 132, (16, 2, 2, 1)),  # 32 CTAs, 32 K steps: too little K for a split to pay
+        ((256, 28672, 1), 132, (8, 2, 2, 8)),  # 56 steps: K over a cluster of 8, 7 steps a CTA
+        ((384, 28672, 1), 132, (8, 2, 2, 8)),  # 48 CTAs, 56 steps: still split
         ((1024, 28672, 1), 132, (16, 2, 2, 1)),  # 128 CTAs: most SMs have a CTA, no split
         ((512, 16384, 1), 132, (16, 2, 2, 1)),  # 64 CTAs: likewise
         ((1, 64, 1), 132, (8, 2, 2, 1)),
