@@ -86,6 +86,28 @@ def test_config_model_fills_the_gpu_with_warps(mkl, sms, expected):
         assert ctas * (warps // 2) < WARPS_PER_SM * sms
 
 
+@pytest.mark.parametrize("sf_kind", ["permuted", "plain"])
+def test_every_shape_and_gpu_size_gets_a_config_the_compile_checks_build(sf_kind):
+    """Over a grid of shapes (M 1 to 65536, K 64 to 65536, L 1 to 16) and SM counts of real parts, the model only
+    returns configs in simt_configs() (what the CPU and runner-stack compile checks build), every unsplit one of them
+    is returned somewhere, and a split cluster never holds more CTAs than K has steps to share. (A cluster of 2 is
+    listed for both scale layouts; with permuted scales, whose split configs take fewer registers, the model always
+    has room for 4 instead.)"""
+    from nvfp4_gemv.dispatch import simt_config_for, simt_configs
+
+    allowed = set(simt_configs(sf_kind))
+    seen = set()
+    for sms in (66, 78, 108, 114, 132, 148):
+        for m in (1, 127, 128, 129, 256, 384, 576, 1024, 1536, 2304, 4096, 7168, 28672, 65536):
+            for k in (64, 192, 1024, 2048, 2880, 4096, 7168, 16384, 28672, 65536):
+                for l in (1, 2, 8, 16):  # noqa: E741
+                    cfg = simt_config_for(m, k, l, sf_kind=sf_kind, sms=sms)
+                    assert cfg in allowed, (m, k, l, sms, cfg)
+                    assert cfg.k_splits <= max(1, k // 512), (m, k, l, sms, cfg)
+                    seen.add(cfg)
+    assert {c for c in allowed if c.k_splits == 1} <= seen and any(c.k_splits > 1 for c in seen)
+
+
 def test_pointer_path_wraps_the_compiled_function():
     d, calls = _recording(call="pointers")
     run = d.select((9, 0), 128, 256, 1)
