@@ -179,6 +179,14 @@ class GemvSimt(GemvLaunch):
             self.arch, rA, scale_words, rB, cute.recast_tensor(rSB, Uint32)[0], acc, piece % 2, luts
         )
 
+    def summed_row(self, tidx, bidx, slab):
+        """The row whose CTA-wide sum thread `tidx` (< rows_per_cta) adds up and stores: entry tidx of `red`."""
+        cfg = self.cfg
+        q = tidx // (cfg.r_lanes * self.rr)
+        i = (tidx // cfg.r_lanes) % self.rr
+        r = (bidx % cfg.ctas_per_slab) * (cfg.rows_per_cta // 4) + tidx % cfg.r_lanes + cfg.r_lanes * i
+        return slab * 128 + q * 32 + r
+
     @cute.kernel
     def kernel(
         self,
@@ -242,10 +250,7 @@ class GemvSimt(GemvLaunch):
                     red[(q * self.rr + i) * cfg.r_lanes + ri, warp] = v
         cute.arch.sync_threads()
         if tidx < cfg.rows_per_cta:
-            q = tidx // (cfg.r_lanes * self.rr)
-            i = (tidx // cfg.r_lanes) % self.rr
-            r = (bidx % cfg.ctas_per_slab) * (cfg.rows_per_cta // 4) + tidx % cfg.r_lanes + cfg.r_lanes * i
-            row = slab * 128 + q * 32 + r
+            row = self.summed_row(tidx, bidx, slab)
             s = red[tidx, 0]
             for w in cutlass.range_constexpr(1, self.warps):
                 s = s + red[tidx, w]
@@ -259,10 +264,7 @@ class GemvSimt(GemvLaunch):
             # every CTA (and its shared memory) alive until rank 0 has read it.
             cluster_sync()
             if split == 0 and tidx < cfg.rows_per_cta:
-                q = tidx // (cfg.r_lanes * self.rr)
-                i = (tidx // cfg.r_lanes) % self.rr
-                r = (bidx % cfg.ctas_per_slab) * (cfg.rows_per_cta // 4) + tidx % cfg.r_lanes + cfg.r_lanes * i
-                row = slab * 128 + q * 32 + r
+                row = self.summed_row(tidx, bidx, slab)
                 s = part[tidx]
                 addr = (part.iterator + tidx).toint()
                 for z in cutlass.range_constexpr(1, splits):
