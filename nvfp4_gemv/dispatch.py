@@ -83,12 +83,17 @@ REGISTER_FILE = 65536  # 32-bit registers an SM holds (sm_90 and sm_100)
 H200_SMS = 132  # the SM count the model falls back to where no device is asked (CPU compiles)
 
 
+def ctas_per_sm(registers: int, warps: int) -> int:
+    """CTAs of `warps` warps at `registers` registers a thread that one SM's register file holds."""
+    return REGISTER_FILE // (registers * 32 * warps)
+
+
 def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int = H200_SMS):  # noqa: E741
     """The CUDA-core kernel's config for (M, K, L) on a GPU with `sms` SMs (see the model above)."""
     target = WARPS_PER_SM * sms
     slabs = -(-m // 128) * l
-    r4_warps = slabs * (128 // 16) * 2  # r_lanes = 4: 8 CTAs a slab, 2 warps each
-    if k <= 2048 and target <= r4_warps <= sms * (REGISTER_FILE // (R4_REGISTERS[sf_kind] * 32)):
+    r4_ctas = slabs * (128 // 16)  # r_lanes = 4: 8 CTAs a slab, 2 warps each
+    if k <= 2048 and target <= 2 * r4_ctas and r4_ctas <= sms * ctas_per_sm(R4_REGISTERS[sf_kind], 2):
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=2, r_lanes=4, unroll=4)
     ctas = slabs * (128 // 8)  # r_lanes = 2: 16 CTAs a slab
     warps = next((w for w in WARP_CHOICES if ctas * w >= target), WARP_CHOICES[-1])
@@ -100,7 +105,7 @@ def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int 
         want = steps / SPLIT_STEPS_PER_CTA
 
         def fits(s):  # the clusters of 8-warp CTAs make one resident wave
-            return ctas * s <= sms * (REGISTER_FILE // (SPLIT_REGISTERS[(sf_kind, s)] * 256))
+            return ctas * s <= sms * ctas_per_sm(SPLIT_REGISTERS[(sf_kind, s)], 8)
 
         splits = max((s for s in (2, 4, 8) if s <= 1.5 * want and fits(s)), default=1)
     if splits > 1:
@@ -109,7 +114,7 @@ def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int 
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2)
     if ctas <= sms:
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=16, r_lanes=2, unroll=2)
-    if ctas <= sms * (REGISTER_FILE // (U1_REGISTERS[sf_kind] * 32 * 16)):  # two an SM, one wave
+    if ctas <= sms * ctas_per_sm(U1_REGISTERS[sf_kind], 16):  # two an SM, one wave
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=16, r_lanes=2, unroll=1)
     return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2)
 
