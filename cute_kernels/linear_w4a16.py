@@ -78,7 +78,7 @@ class LinearW4A16Config:
         if self.sf_dtype not in ("u8", "e4m3") or (self.sf_dtype == "e4m3" and self.fmt != "nvfp4"):
             raise ValueError(f"sf_dtype must be 'u8' or (nvfp4) 'e4m3', got {self.sf_dtype!r} for {self.fmt}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
-                                   or not 2 <= 65536 // (self.max_registers * self.threads) <= 32):
+                                   or not 2 <= self.min_ctas_per_sm() <= 32):
             raise ValueError(f"max_registers must be 0 or a multiple of 8 in 24..248 at which 2 to 32 CTAs fill the "
                              f"register file, got {self}")
 

@@ -24,6 +24,8 @@ SHAPES = (
 TOKENS = (1, 2, 4, 8, 16)
 FORMATS = ("nvfp4", "mxfp4")
 POOL_BYTES = 256 << 20
+
+
 def weight_bytes(n: int, k: int, fmt: str) -> int:
     """Bytes the linear must read: fp4 codes plus one scale byte per block (16 or 32 elements)."""
     return n * k // 2 + n * k // (16 if fmt == "nvfp4" else 32)
