@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint8, Uint16, Uint32, const_expr
+from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -61,8 +61,6 @@ class LinearW4A16Config:
     global_scale: bool = False
     sf_dtype: str = "u8"  # the scale tensor's element type as passed: "u8" or (nvfp4) "e4m3", so no view per call
     max_registers: int = 0  # 0: as ptxas likes; else a cap, so that more warps stay resident (min CTAs per SM)
-    sf_smem: int = 0  # 0: block scales read from global memory each step; else the CTA stages its rows' scales in
-    #                   shared memory first (room for this many scale bytes a row; a larger K reads global memory)
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -79,8 +77,6 @@ class LinearW4A16Config:
             raise ValueError("mxfp4 has no global scale")
         if self.sf_dtype not in ("u8", "e4m3") or (self.sf_dtype == "e4m3" and self.fmt != "nvfp4"):
             raise ValueError(f"sf_dtype must be 'u8' or (nvfp4) 'e4m3', got {self.sf_dtype!r} for {self.fmt}")
-        if self.sf_smem and (self.sf_smem % 128 or self.sf_kind != "plain"):
-            raise ValueError(f"sf_smem must be 0 or a multiple of 128 bytes, with plain scales, got {self}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
                                    or not 2 <= self.min_ctas_per_sm() <= 32):
             raise ValueError(f"max_registers must be 0 or a multiple of 8 in 24..248 at which 2 to 32 CTAs fill the "
@@ -210,13 +206,6 @@ def ld_global_nc(addr, bits: int, *, loc=None, ip=None) -> Uint32:
             loc=loc, ip=ip,
         )
     )  # fmt: skip
-
-
-@dsl_user_op
-def ld_global_nc_u32(addr, *, loc=None, ip=None) -> Uint32:
-    """`ld.global.nc.u32` at a byte address."""
-    return Uint32(inline_ptx(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)], "ld.global.nc.u32 $0, [$1];", "=r,l",
-                             loc=loc, ip=ip))
 
 
 # The codes each decoded pair holds, per MMA dtype: word pair P[i] = (codes a, b), a in the low half.
@@ -383,64 +372,10 @@ class LinearW4A16:
     @cute.jit
     def load_scales(self, rS, sf, s, rows, c):
         cfg = self.cfg
-        if const_expr(cfg.sf_smem):
-            sf, s_smem, staged, r = sf
-            if staged:
-                # Row (g, h)'s scales of this thread's 32 K elements: 2 bytes (nvfp4) or 1 (mxfp4) in shared memory.
-                for g in cutlass.range_constexpr(cfg.groups):
-                    for h in cutlass.range_constexpr(2):
-                        if const_expr(cfg.fmt == "nvfp4"):
-                            rS[h, g] = Uint32(s_smem[0][s * 4 + c, 16 * g + 8 * h + r])
-                        else:
-                            rS[h, g] = Uint32(s_smem[1][s * 4 + c, 16 * g + 8 * h + r])
-            else:
-                self.load_scales_global(rS, sf, s, rows, c)
-        else:
-            self.load_scales_global(rS, sf, s, rows, c)
-
-    @cute.jit
-    def load_scales_global(self, rS, sf, s, rows, c):
-        cfg = self.cfg
         for g in cutlass.range_constexpr(cfg.groups):
             for h in cutlass.range_constexpr(2):
                 addr = self.sf_address(sf, rows[g, h], s, c)
                 rS[h, g] = ld_global_nc(addr, 16 if cfg.fmt == "nvfp4" else 8)
-
-    @cute.jit
-    def stage_scales(self, mSF_bytes, raw, row0, n, k, tidx):
-        """Copy the scales of the CTA's rows (all of K) into shared memory: 16-byte pieces where a row's scale
-        bytes (K/16 for nvfp4, K/32 for mxfp4) are a multiple of 16, else 4-byte (nvfp4) or 2-byte (mxfp4) ones;
-        consecutive threads on consecutive pieces of a row."""
-        cfg = self.cfg
-        row_bytes = k // (SF_VEC if cfg.fmt == "nvfp4" else MX_VEC)
-        if row_bytes % 16 == 0:
-            self.stage_pieces(mSF_bytes, raw, row0, n, row_bytes, tidx, 16)
-        else:
-            self.stage_pieces(mSF_bytes, raw, row0, n, row_bytes, tidx, 4 if cfg.fmt == "nvfp4" else 2)
-
-    @cute.jit
-    def stage_pieces(self, mSF_bytes, raw, row0, n, row_bytes, tidx, unit: int):
-        cfg = self.cfg
-        dt = {16: Uint32, 4: Uint32, 2: Uint16}[unit]
-        per_word = unit // (dt.width // 8)
-        stride = cfg.sf_smem + 8
-        dst = cute.make_tensor(cute.recast_ptr(raw.iterator, dtype=dt),
-                               cute.make_layout((stride // (dt.width // 8), cfg.rows_per_cta),
-                                                stride=(1, stride // (dt.width // 8))))
-        per_row = row_bytes // unit
-        total = cfg.rows_per_cta * per_row
-        row_elems = cute.assume(row_bytes // (dt.width // 8), divby=per_word)
-        src = cute.make_tensor(cute.recast_ptr(mSF_bytes.iterator, dtype=dt),
-                               cute.make_layout((row_elems, n), stride=(1, row_elems)))
-        atom = load_atom(dt, unit * 8)
-        for i in cutlass.range((total - tidx + cfg.threads - 1) // cfg.threads, unroll=4):
-            idx = tidx + i * cfg.threads
-            rho = idx // per_row
-            u = idx % per_row
-            grow = cutlass.min(row0 + rho, n - 1)
-            piece = cute.make_rmem_tensor(cute.make_layout(per_word), dt)
-            cute.copy(atom, cute.local_tile(src[None, grow], (per_word,), (u,)), piece)
-            cute.autovec_copy(piece, cute.local_tile(dst[None, rho], (per_word,), (u,)))
 
     @cute.jit
     def load_step(self, regs, x_words, w_words, sf, s, rows, toks, c, live):
@@ -551,19 +486,6 @@ class LinearW4A16:
         smem = SmemAllocator()
         per_thread = 4 * cfg.groups * cfg.token_tiles
         red = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, self.warps)), 16)
-        if const_expr(cfg.sf_smem):
-            # Row stride: the room plus 8 bytes, so the 8 rows a step instruction reads fall in different banks.
-            stride = cfg.sf_smem + 8
-            raw = smem.allocate_tensor(Uint8, cute.make_layout((stride, cfg.rows_per_cta)), 16)
-            s_u16 = cute.make_tensor(cute.recast_ptr(raw.iterator, dtype=Uint16),
-                                     cute.make_layout((stride // 2, cfg.rows_per_cta), stride=(1, stride // 2)))
-            staged = k // (SF_VEC if cfg.fmt == "nvfp4" else MX_VEC) <= cfg.sf_smem
-            if staged:
-                self.stage_scales(sf, raw, bidx * cfg.rows_per_cta, n, k, tidx)
-                cute.arch.sync_threads()
-            # Per step a thread reads 2 bytes (nvfp4) or 1 (mxfp4) of each of its rows: u16 / u8 views.
-            s_rd = (s_u16, raw)
-            sf = (sf, s_rd, staged, r)
         acc = cute.make_rmem_tensor(cute.make_layout((4, cfg.groups, cfg.token_tiles)), Float32)
         acc.fill(0.0)
         n_full = k // STEP_K

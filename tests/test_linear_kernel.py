@@ -226,20 +226,6 @@ def test_every_split(split, fmt):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
-@pytest.mark.parametrize("cap,groups,k_warps", [(128, 1, 8), (2048, 1, 8), (2048, 2, 4), (1024, 1, 1)], ids=str)
-@pytest.mark.parametrize("m,n,k", [(1, 200, 2880), (5, 130, 64), (11, 300, 4096), (3, 1000, 7168), (2, 17, 448)])
-def test_staged_scales(fmt, cap, groups, k_warps, m, n, k):
-    """Scales staged in shared memory (sf_smem): 16-, 4- and 2-byte staging pieces (K = 4096, 2880), K = 64 (the
-    tail alone), N not a multiple of the CTA's rows, and K past the room (read from global memory instead)."""
-    w, scale, plain = _operands(n, k, fmt, "plain")
-    x = torch.randn(m, k).to(torch.bfloat16).cuda()
-    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
-    y = _run(x, w.cuda(), scale.cuda(), fmt, "plain", gs, groups=groups, k_warps=k_warps, sf_smem=cap)
-    _check(y, x, w.cuda(), plain, fmt, gs)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("cfg", [{}, dict(k_warps=4, max_registers=48)], ids=["dispatched", "capped"])
 def test_one_hot_probes(fmt, dtype, cfg):
