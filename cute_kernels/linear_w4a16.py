@@ -61,9 +61,6 @@ class LinearW4A16Config:
     global_scale: bool = False
     sf_dtype: str = "u8"  # the scale tensor's element type as passed: "u8" or (nvfp4) "e4m3", so no view per call
     max_registers: int = 0  # 0: as ptxas likes; else a cap, so that more warps stay resident (min CTAs per SM)
-    prefetch: int = 0  # steps ahead whose W and scales are loaded before a step's math: 0 or 1 (a register buffer)
-    chunk: int = 1  # consecutive 128-K steps a warp takes at a time (its W loads of them issued together)
-    x_ahead: int = 0  # steps ahead whose x a thread prefetches into L1 (prefetch.global.L1): 0 (none), 1 or 2
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -80,12 +77,6 @@ class LinearW4A16Config:
             raise ValueError("mxfp4 has no global scale")
         if self.sf_dtype not in ("u8", "e4m3") or (self.sf_dtype == "e4m3" and self.fmt != "nvfp4"):
             raise ValueError(f"sf_dtype must be 'u8' or (nvfp4) 'e4m3', got {self.sf_dtype!r} for {self.fmt}")
-        if self.chunk not in (1, 2, 4) or (self.chunk > 1 and self.prefetch):
-            raise ValueError(f"chunk must be 1, 2 or 4 (and 1 with prefetch), got {self}")
-        if self.x_ahead not in (0, 1, 2) or (self.x_ahead and self.chunk > 1):
-            raise ValueError(f"x_ahead must be 0, 1 or 2 (and 0 with chunk), got {self}")
-        if self.prefetch not in (0, 1):
-            raise ValueError(f"prefetch must be 0 or 1, got {self.prefetch}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
                                    or not 2 <= self.min_ctas_per_sm() <= 32):
             raise ValueError(f"max_registers must be 0 or a multiple of 8 in 24..248 at which 2 to 32 CTAs fill the "
@@ -215,13 +206,6 @@ def ld_global_nc(addr, bits: int, *, loc=None, ip=None) -> Uint32:
             loc=loc, ip=ip,
         )
     )  # fmt: skip
-
-
-@dsl_user_op
-def prefetch_l1(addr, *, loc=None, ip=None) -> None:
-    """`prefetch.global.L1` of the line holding a byte address."""
-    inline_ptx(None, [Int64(addr).ir_value(loc=loc, ip=ip)], "prefetch.global.L1 [$0];", "l", side_effects=True,
-               loc=loc, ip=ip)
 
 
 # The codes each decoded pair holds, per MMA dtype: word pair P[i] = (codes a, b), a in the low half.
@@ -394,43 +378,27 @@ class LinearW4A16:
                 rS[h, g] = ld_global_nc(addr, 16 if cfg.fmt == "nvfp4" else 8)
 
     @cute.jit
-    def load_w(self, regs, w_words, sf, s, rows, c):
-        """Load step s's W into registers: 16 bytes and the block scales per row."""
-        cfg = self.cfg
-        rW, _, rS = regs
-        wq = s * (STEP_K // 8) + 4 * c  # first W word of this thread
-        atom_w = load_atom(Uint32, 128, l1_no_allocate=True)
-        for g in cutlass.range_constexpr(cfg.groups):
-            for h in cutlass.range_constexpr(2):
-                cute.copy(atom_w, cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)), rW[None, h, g])
-        self.load_scales(rS, sf, s, rows, c)
-
-    @cute.jit
-    def load_x(self, regs, x_words, s, toks, c):
-        """Load step s's x into registers: 64 bytes per token."""
-        rX = regs[1]
-        xq = s * (STEP_K // 2) + 16 * c  # first x word
-        atom_x = load_atom(Uint32, 128)
-        for t in cutlass.range_constexpr(self.cfg.token_tiles):
-            for v in cutlass.range_constexpr(4):
-                cute.copy(atom_x, cute.local_tile(x_words[toks[t], None], (4,), (xq // 4 + v,)),
-                          cute.local_tile(rX[None, t], (4,), (v,)))
-
-    @cute.jit
-    def prefetch_x(self, x_words, s, toks, c):
-        """Prefetch step s's x of this thread into L1 (its 64 bytes lie in one 128-byte line)."""
-        xq = s * (STEP_K // 2) + 16 * c
-        for t in cutlass.range_constexpr(self.cfg.token_tiles):
-            prefetch_l1(x_words[toks[t], None].iterator.toint() + Int64(4 * xq))
-
-    @cute.jit
     def load_step(self, regs, x_words, w_words, sf, s, rows, toks, c, live):
-        """Load step s into registers (W, its scales and x), or zero codes where not live."""
+        """Load step s into registers: 16 bytes of W and the scales per row, 64 bytes of x per token."""
         cfg = self.cfg
         rW, rX, rS = regs
         if live:
-            self.load_w(regs, w_words, sf, s, rows, c)
-            self.load_x(regs, x_words, s, toks, c)
+            wq = s * (STEP_K // 8) + 4 * c  # first W word of this thread
+            xq = s * (STEP_K // 2) + 16 * c  # first x word
+            # (source, destination, atom) of every 16-byte chunk: W per (group, half), then x per (tile, 16 bytes).
+            chunks = [
+                (cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)), rW[None, h, g], True)
+                for g in range(cfg.groups) for h in range(2)
+            ] + [
+                (cute.local_tile(x_words[toks[t], None], (4,), (xq // 4 + v,)),
+                 cute.local_tile(rX[None, t], (4,), (v,)), False)
+                for t in range(cfg.token_tiles) for v in range(4)
+            ]
+            atom_w = load_atom(Uint32, 128, l1_no_allocate=True)
+            atom_x = load_atom(Uint32, 128)
+            for src, dst, is_w in chunks:
+                cute.copy(atom_w if is_w else atom_x, src, dst)
+            self.load_scales(rS, sf, s, rows, c)
         else:
             rW.fill(0)
             rX.fill(0)
@@ -526,48 +494,10 @@ class LinearW4A16:
         # in flight), a per-thread cp.async ring of W in shared memory, a producer warp's bulk-copy ring, and L2
         # prefetches a few steps ahead were all slower on the H200: the loop's issue slots and the warps that stay
         # resident decide, not bytes in flight (BENCHMARKS.md, "The W4A16 linear").
-        if const_expr(cfg.prefetch):
-            # W and its scales one step ahead in a second register buffer; x (an L2 hit) at the top of its step.
-            ahead = self.make_regs()
-            if my_steps > 0:
-                self.load_w(ahead, w_words, sf, wk, rows, c)
-            for st in cutlass.range(my_steps, unroll=cfg.unroll):
-                step_regs = self.make_regs()
-                step_regs[0].store(ahead[0].load())
-                step_regs[2].store(ahead[2].load())
-                if st + 1 < my_steps:
-                    self.load_w(ahead, w_words, sf, wk + (st + 1) * cfg.k_warps, rows, c)
-                if const_expr(cfg.x_ahead):
-                    self.prefetch_x(x_words, wk + cutlass.min(st + cfg.x_ahead, my_steps - 1) * cfg.k_warps, toks, c)
-                self.load_x(step_regs, x_words, wk + st * cfg.k_warps, toks, c)
-                self.compute_step(step_regs, acc)
-        elif const_expr(cfg.chunk > 1):
-            # Warp wk takes chunks wk, wk + k_warps, ... of `chunk` consecutive steps: the W of a chunk (chunk x 64
-            # contiguous bytes of each row) is requested at once. The steps past the last whole chunk go to the
-            # warp next in line, one at a time.
-            ch = cfg.chunk
-            n_whole = n_full // ch
-            my_chunks = (n_whole - wk + cfg.k_warps - 1) // cfg.k_warps
-            for j in cutlass.range(my_chunks, unroll=1):
-                s0 = (wk + j * cfg.k_warps) * ch
-                chunk_regs = [self.make_regs() for _ in range(ch)]
-                for i in cutlass.range_constexpr(ch):
-                    self.load_w(chunk_regs[i], w_words, sf, s0 + i, rows, c)
-                for i in cutlass.range_constexpr(ch):
-                    self.load_x(chunk_regs[i], x_words, s0 + i, toks, c)
-                    self.compute_step(chunk_regs[i], acc)
-            if wk == n_whole % cfg.k_warps:
-                for st in cutlass.range(n_whole * ch, n_full, unroll=1):
-                    step_regs = self.make_regs()
-                    self.load_step(step_regs, x_words, w_words, sf, st, rows, toks, c, True)
-                    self.compute_step(step_regs, acc)
-        else:
-            for st in cutlass.range(my_steps, unroll=cfg.unroll):
-                step_regs = self.make_regs()
-                if const_expr(cfg.x_ahead):
-                    self.prefetch_x(x_words, wk + cutlass.min(st + cfg.x_ahead, my_steps - 1) * cfg.k_warps, toks, c)
-                self.load_step(step_regs, x_words, w_words, sf, wk + st * cfg.k_warps, rows, toks, c, True)
-                self.compute_step(step_regs, acc)
+        for st in cutlass.range(my_steps, unroll=cfg.unroll):
+            step_regs = self.make_regs()
+            self.load_step(step_regs, x_words, w_words, sf, wk + st * cfg.k_warps, rows, toks, c, True)
+            self.compute_step(step_regs, acc)
         if k % STEP_K != 0:
             # The last 64 K elements: lanes c = 0, 1 hold them; c = 2, 3 multiply zeros.
             if wk == n_full % cfg.k_warps:

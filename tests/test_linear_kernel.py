@@ -225,29 +225,9 @@ def test_every_split(split, fmt):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt,layout", LAYOUTS)
-@pytest.mark.parametrize("sched", [dict(groups=1, k_warps=1, prefetch=1), dict(groups=1, k_warps=8, prefetch=1),
-                                   dict(groups=2, k_warps=4, prefetch=1), dict(groups=1, k_warps=8, chunk=2),
-                                   dict(groups=2, k_warps=3, chunk=4), dict(groups=1, k_warps=1, chunk=4),
-                                   dict(groups=1, k_warps=8, x_ahead=2), dict(groups=2, k_warps=4, prefetch=1, x_ahead=1),
-                                   dict(groups=1, k_warps=1, prefetch=1, x_ahead=2)],
-                         ids=lambda d: " ".join(f"{a}={b}" for a, b in d.items()))
-@pytest.mark.parametrize("m,n,k", [(1, 200, 2880), (5, 130, 64), (11, 300, 448), (3, 1000, 7168)])
-def test_load_schedules(fmt, layout, sched, m, n, k):
-    """W a step ahead (prefetch) and chunks of consecutive steps, bf16 (fp16 in the one-hot probes): K steps of 0
-    (K = 64: the tail alone), fewer steps than k-warps, a tail after full steps, and long K; 8 and 16 tokens a CTA."""
-    w, scale, plain = _operands(n, k, fmt, layout)
-    x = torch.randn(m, k).to(torch.bfloat16).cuda()
-    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
-    y = _run(x, w.cuda(), scale.cuda(), fmt, layout, gs, **sched)
-    _check(y, x, w.cuda(), plain, fmt, gs)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("cfg", [{}, dict(k_warps=4, max_registers=48), dict(k_warps=8, prefetch=1),
-                                 dict(k_warps=2, chunk=2)], ids=["dispatched", "capped", "prefetch", "chunk"])
+@pytest.mark.parametrize("cfg", [{}, dict(k_warps=4, max_registers=48)], ids=["dispatched", "capped"])
 def test_one_hot_probes(fmt, dtype, cfg):
     """Row r holds one code at k = (7r + 3) % K and scale 2^(r % 5) on its block; token t is one-hot at row t's k:
     y[t, r] is code · scale when r == t and 0 otherwise, exactly. Every code, both nibbles, every block position."""
