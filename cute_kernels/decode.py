@@ -28,8 +28,6 @@ BYTE_BIAS = 0x80808080
 # so bits(v + MAGIC) - 1.5·2²³ is float(v) in one IADD and one FADD (full-rate pipes) instead of an I2F.
 MAGIC_BITS = 0x4B400000
 MAGIC = 12582912.0
-import os
-HI_BY_IMAD = os.environ.get("NVFP4_HI_IMAD", "0") == "1"  # experiment switch, read when this module loads
 
 
 def lut_registers(arch: str, slot):
@@ -42,24 +40,9 @@ def lut_registers(arch: str, slot):
     if const_expr(arch == "sm_90"):
         slot[0] = Uint32(E2M1X2_LUT_LO)
         slot[1] = Uint32(E2M1X2_LUT_HI)
-        slot[2] = Uint32(1 << 16)
         addr = slot.iterator.toint()
-        if const_expr(HI_BY_IMAD):
-            return (_ld_shared_volatile(addr), _ld_shared_volatile(addr + 4), _ld_shared_volatile(addr + 8))
         return (_ld_shared_volatile(addr), _ld_shared_volatile(addr + 4))
     return (Uint32(0), Uint32(0))
-
-
-@dsl_user_op
-def mul_hi(a, b, *, loc=None, ip=None) -> Uint32:
-    return asm_u32([a, b], "mul.hi.u32 $0, $1, $2;", "=r,r,r", loc, ip)
-
-
-def _hi16(x, luts):
-    """x >> 16 on the FMA pipe (IMAD.HI by 2^16 held in a register) instead of the ALU's SHF."""
-    if const_expr(HI_BY_IMAD):
-        return mul_hi(x, luts[2])
-    return x >> 16
 
 
 @dsl_user_op
@@ -152,11 +135,11 @@ def prepare_b(arch: str, w, luts):
     if const_expr(arch == "sm_90"):
         wn = w ^ Uint32(SIGN_BITS)
         bias = Uint32(BYTE_BIAS)
-        lo, hi = luts[0], luts[1]
+        lo, hi = luts
         p_lo = prmt(lo, hi, w)
         n_lo = prmt(lo, hi, wn)
-        p_hi = prmt(lo, hi, _hi16(w, luts))
-        n_hi = prmt(lo, hi, _hi16(wn, luts))
+        p_hi = prmt(lo, hi, w >> 16)
+        n_hi = prmt(lo, hi, wn >> 16)
         return (((p_lo | bias) - n_lo) ^ bias, ((p_hi | bias) - n_hi) ^ bias)
     else:
         return (
@@ -173,15 +156,15 @@ def block_dot(arch: str, a0, a1, bp0, bp1, luts) -> Float32:
     sm_90: the positive codes of A (P) and the magnitudes of its negative codes (N) against signed b, in two dp4a
     chains; the block sum is P·b - N·b. sm_100: eight fma.rn.f16x2 into one packed accumulator."""
     if const_expr(arch == "sm_90"):
-        lo, hi = luts[0], luts[1]
+        lo, hi = luts
         pos = Int32(MAGIC_BITS)  # |P·b - N·b| <= 16·12·12 < 2²²
         neg = Int32(0)
         for x, bp in ((Uint32(a0), bp0), (Uint32(a1), bp1)):
             xn = x ^ Uint32(SIGN_BITS)
             pos = dp4a(prmt(lo, hi, x), bp[0], pos)
             neg = dp4a(prmt(lo, hi, xn), bp[0], neg)
-            pos = dp4a(prmt(lo, hi, _hi16(x, luts)), bp[1], pos)
-            neg = dp4a(prmt(lo, hi, _hi16(xn, luts)), bp[1], neg)
+            pos = dp4a(prmt(lo, hi, x >> 16), bp[1], pos)
+            neg = dp4a(prmt(lo, hi, xn >> 16), bp[1], neg)
         return Float32(llvm.bitcast(T.f32(), (pos - neg).ir_value())) - Float32(MAGIC)
     else:
         acc = Uint32(0)

@@ -220,7 +220,7 @@ class GemvSimt(GemvLaunch):
         smem = SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout((cfg.rows_per_cta, self.warps)), 16)
         part = smem.allocate_tensor(Float32, cute.make_layout(cfg.rows_per_cta), 16) if splits > 1 else None
-        lut_slots = smem.allocate_tensor(Uint32, cute.make_layout((4, 32)), 16)
+        lut_slots = smem.allocate_tensor(Uint32, cute.make_layout((2, 32)), 16)
         luts = decode.lut_registers(self.arch, lut_slots[None, lane])
         acc = cute.make_rmem_tensor(cute.make_layout((self.rr, 4)), Float32)
         acc.fill(0.0)

@@ -187,7 +187,7 @@ class GemvTma(GemvLaunch):
         sSFA = smem.allocate_tensor(Uint8, cute.make_layout((SFA_SLICE, atoms, n_stages)), 128)
         sSFB = smem.allocate_tensor(Uint8, cute.make_layout((SFB_SLICE, atoms, n_stages)), 128)
         mbar = smem.allocate_array(Int64, 2 * n_stages, byte_alignment=8)  # full[s], then empty[s]
-        lut_slots = smem.allocate_tensor(Uint32, cute.make_layout((4, 32)), 16)
+        lut_slots = smem.allocate_tensor(Uint32, cute.make_layout((2, 32)), 16)
 
         if tidx == 0:
             for s in cutlass.range_constexpr(n_stages):
