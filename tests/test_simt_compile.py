@@ -217,3 +217,40 @@ def test_register_tables_of_the_one_wave_configs_match_ptxas(tmp_path, table, co
     for sf_kind, regs in getattr(dispatch, table).items():
         got = allocated_registers("gemv_simt", "GemvSimt", f"sf_kind={sf_kind!r}, {config}", tmp_path / sf_kind)
         assert got == regs, (sf_kind, got)
+
+
+# Registers ptxas (nvidia-cutlass-dsl 4.8.1) gives each config simt_configs() can dispatch, sm_90a: the builds whose
+# H200 numbers BENCHMARKS.md reports. (warps, r_lanes, unroll, k_splits) -> registers, per scale layout.
+MEASURED_REGISTERS = {
+    "permuted": {(2, 4, 4, 1): 64, (2, 2, 2, 1): 63, (4, 2, 2, 1): 63, (8, 2, 4, 1): 64, (16, 2, 2, 1): 102,
+                 (16, 2, 1, 1): 53, (8, 2, 2, 1): 80, (8, 2, 2, 2): 74, (8, 2, 2, 4): 64, (8, 2, 2, 8): 64},
+    "plain": {(2, 4, 4, 1): 72, (2, 2, 2, 1): 71, (4, 2, 2, 1): 71, (8, 2, 4, 1): 80, (16, 2, 2, 1): 110,
+              (16, 2, 1, 1): 64, (8, 2, 2, 1): 73, (8, 2, 2, 2): 106, (8, 2, 2, 4): 78, (8, 2, 2, 8): 106},
+}
+
+
+def test_dispatched_configs_keep_the_measured_registers(tmp_path):
+    """Every config dispatch can pick still compiles to the register count of the build that was measured. The count
+    fingerprints ptxas's schedule: a change that looked free (a third word in each lane's LUT slot) moved the 2- and
+    4-warp configs from 63 to 55 registers, issued their loads later, and cost 4 % over the decode suite on the H200
+    (BENCHMARKS.md, "The decode on the FMA pipe, and how much the schedule matters"). If this fails, time the suite on
+    the H200 before updating the table."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nvfp4_gemv.dispatch import simt_configs
+    from registers import compiled_registers
+
+    jobs = [(kind, (c.warps, c.r_lanes, c.unroll, c.k_splits)) for kind in MEASURED_REGISTERS
+            for c in simt_configs(kind)]
+    assert {j for j in jobs} == {(kind, key) for kind, t in MEASURED_REGISTERS.items() for key in t}
+
+    def compile_one(job):
+        kind, (w, r, u, s) = job
+        args = f"sf_kind={kind!r}, warps={w}, r_lanes={r}, unroll={u}, k_splits={s}"
+        return job, compiled_registers("gemv_simt", "GemvSimt", args, tmp_path / f"{kind}-{w}-{r}-{u}-{s}")
+
+    with ThreadPoolExecutor(2) as pool:
+        got = dict(pool.map(compile_one, jobs))
+    changed = {job: (MEASURED_REGISTERS[job[0]][job[1]], regs) for job, regs in got.items()
+               if regs != MEASURED_REGISTERS[job[0]][job[1]]}
+    assert not changed, f"(layout, config): (measured build, now) registers: {changed}"
