@@ -9,7 +9,12 @@ import sys
 def allocated_registers(module: str, cls: str, config_args: str, dump) -> int:
     """Registers a thread of `cute_kernels.<module>.<cls>(<cls>Config(<config_args>))` gets for sm_90a, rounded up
     to the allocation step of 8; compiled in a child process (CUTE_DSL_KEEP must be set before the DSL loads)."""
-    return -(-compiled_registers(module, cls, config_args, dump) // 8) * 8
+    return allocation(compiled_registers(module, cls, config_args, dump))
+
+
+def allocation(registers: int) -> int:
+    """Registers a thread holds as the SM allocates them: ptxas's count rounded up to the step of 8."""
+    return -(-registers // 8) * 8
 
 
 def compiled_registers(module: str, cls: str, config_args: str, dump) -> int:

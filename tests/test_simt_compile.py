@@ -192,33 +192,6 @@ def test_stream_read_sm90a_ptx(ptx_of, kw):
     assert _count(ptx, r"ld\.local|st\.local|ld\.shared|st\.shared") == 0
 
 
-def test_register_table_of_the_split_configs_matches_ptxas(tmp_path):
-    """nvfp4_gemv.dispatch.SPLIT_REGISTERS (which decides how large a split fits one wave) is what ptxas gives each
-    8-warp split config the dispatch model may pick (sm_90a, rounded up to the allocation step of 8)."""
-    from nvfp4_gemv.dispatch import SPLIT_REGISTERS
-    from registers import allocated_registers
-
-    for (sf_kind, splits), table in SPLIT_REGISTERS.items():
-        got = allocated_registers("gemv_simt", "GemvSimt",
-                                  f"sf_kind={sf_kind!r}, warps=8, r_lanes=2, unroll=2, k_splits={splits}",
-                                  tmp_path / f"{sf_kind}{splits}")
-        assert got == table, (sf_kind, splits, got)
-
-
-@pytest.mark.parametrize("table,config", [("R4_REGISTERS", "warps=2, r_lanes=4, unroll=4"),
-                                          ("U1_REGISTERS", "warps=16, r_lanes=2, unroll=1")])
-def test_register_tables_of_the_one_wave_configs_match_ptxas(tmp_path, table, config):
-    """nvfp4_gemv.dispatch's R4_REGISTERS (whether the 2-warp, 128-byte-piece grid is one resident wave) and
-    U1_REGISTERS (whether two 16-warp CTAs without unroll share an SM) are what ptxas gives those configs (sm_90a,
-    rounded up to the allocation step of 8)."""
-    from nvfp4_gemv import dispatch
-    from registers import allocated_registers
-
-    for sf_kind, regs in getattr(dispatch, table).items():
-        got = allocated_registers("gemv_simt", "GemvSimt", f"sf_kind={sf_kind!r}, {config}", tmp_path / sf_kind)
-        assert got == regs, (sf_kind, got)
-
-
 # Registers ptxas (nvidia-cutlass-dsl 4.8.1) gives each config simt_configs() can dispatch, sm_90a: the builds whose
 # H200 numbers BENCHMARKS.md reports. (warps, r_lanes, unroll, k_splits) -> registers, per scale layout.
 MEASURED_REGISTERS = {
@@ -242,7 +215,7 @@ def test_dispatched_configs_keep_the_measured_registers(tmp_path):
 
     jobs = [(kind, (c.warps, c.r_lanes, c.unroll, c.k_splits)) for kind in MEASURED_REGISTERS
             for c in simt_configs(kind)]
-    assert {j for j in jobs} == {(kind, key) for kind, t in MEASURED_REGISTERS.items() for key in t}
+    assert set(jobs) == {(kind, key) for kind, t in MEASURED_REGISTERS.items() for key in t}
 
     def compile_one(job):
         kind, (w, r, u, s) = job
@@ -254,3 +227,26 @@ def test_dispatched_configs_keep_the_measured_registers(tmp_path):
     changed = {job: (MEASURED_REGISTERS[job[0]][job[1]], regs) for job, regs in got.items()
                if regs != MEASURED_REGISTERS[job[0]][job[1]]}
     assert not changed, f"(layout, config): (measured build, now) registers: {changed}"
+
+
+def test_register_table_of_the_split_configs_matches_ptxas():
+    """nvfp4_gemv.dispatch.SPLIT_REGISTERS (which decides how large a split fits one wave) is what ptxas gives each
+    8-warp split config the dispatch model may pick (sm_90a, rounded up to the allocation step of 8): the counts
+    that test_dispatched_configs_keep_the_measured_registers checks against ptxas."""
+    from nvfp4_gemv.dispatch import SPLIT_REGISTERS
+    from registers import allocation
+
+    for (sf_kind, splits), table in SPLIT_REGISTERS.items():
+        assert allocation(MEASURED_REGISTERS[sf_kind][(8, 2, 2, splits)]) == table, (sf_kind, splits)
+
+
+@pytest.mark.parametrize("table,key", [("R4_REGISTERS", (2, 4, 4, 1)), ("U1_REGISTERS", (16, 2, 1, 1))])
+def test_register_tables_of_the_one_wave_configs_match_ptxas(table, key):
+    """nvfp4_gemv.dispatch's R4_REGISTERS (whether the 2-warp, 128-byte-piece grid is one resident wave) and
+    U1_REGISTERS (whether two 16-warp CTAs without unroll share an SM) are what ptxas gives those configs (sm_90a,
+    rounded up to the allocation step of 8), as pinned in MEASURED_REGISTERS."""
+    from nvfp4_gemv import dispatch
+    from registers import allocation
+
+    for sf_kind, regs in getattr(dispatch, table).items():
+        assert allocation(MEASURED_REGISTERS[sf_kind][key]) == regs, (sf_kind, key)
