@@ -60,8 +60,8 @@ class GemvSimtConfig:
             raise ValueError(f"rows_per_thread must be 1, 2 or 4, got {self.rows_per_thread}")
         if not 1 <= self.warps <= 32:
             raise ValueError(f"warps must be in 1..32, got {self.warps}")
-        if self.r_lanes not in (2, 4, 8) or self.rows_per_thread * self.r_lanes > 32:
-            raise ValueError(f"r_lanes must be 2, 4 or 8 with r_lanes·rows_per_thread <= 32, got {self}")
+        if self.r_lanes not in (1, 2, 4, 8) or self.rows_per_thread * self.r_lanes > 32:
+            raise ValueError(f"r_lanes must be 1, 2, 4 or 8 with r_lanes·rows_per_thread <= 32, got {self}")
         if self.k_splits not in (1, 2, 4, 8):
             raise ValueError(f"k_splits must be 1, 2, 4 or 8 (a portable cluster), got {self.k_splits}")
 

@@ -422,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--suite", choices=("contest", "decode"), default="decode")
     w.add_argument("--shapes", nargs="+", type=_shape_arg, metavar="M,K,L", help="shapes (default: the --suite's)")
     w.add_argument("--warps", nargs="+", type=_positive_int, default=[2, 4, 8, 16])
-    w.add_argument("--r-lanes", nargs="+", type=int, choices=(2, 4, 8), default=[2, 4, 8])
+    w.add_argument("--r-lanes", nargs="+", type=int, choices=(1, 2, 4, 8), default=[2, 4, 8])
     w.add_argument("--unroll", nargs="+", type=_positive_int, default=[2, 4])
     w.add_argument("--rows-per-thread", nargs="+", type=int, choices=(1, 2, 4), default=[1])
     w.add_argument("--k-splits", nargs="+", type=int, choices=(1, 2, 4, 8), default=[1],

@@ -37,17 +37,23 @@ _DEFAULT_SM100 = "tc"
 TC_CONFIGS = {"tc": gemv_tc_sm100.GemvTcSm100Config(), "tc128": gemv_tc_sm100.GemvTcSm100Config(mma_n=128, stages=6)}
 
 
-# The CUDA-core kernel's config, from a model fitted to a committed sweep (docs/sweep_h200_decode.csv: 24 configs
-# on the 16 decode-suite shapes, graph-timed beside the stream read; BENCHMARKS.md, "Dispatch by shape"). The grid
-# has ceil(M/128)·(32/r_lanes)·L CTAs of `warps` warps; a GEMV reads at the roofline once about WARPS_PER_SM warps
-# per SM are in flight, so warps per CTA (each on its own K windows, summed in a fixed order) grow until the grid
-# holds that many. r_lanes = 2 (256-byte row pieces) except at K <= 2048 with rows to spare, where 128-byte pieces
-# (r_lanes = 4) measured faster, so long as their grid is one resident wave (7168 x 2048 x 4, 3584 warps: 1.15 x the
-# read against 1.21 with 256-byte pieces, graph-timed; 7168 x 2048 x 8, 7168 warps, 1.7 waves: 1.17 against 1.15,
-# and under contest timing 1.12 against 1.10, docs/sweep_h200_contest.csv); 8-warp CTAs filling the grid take the
-# 4-step unroll.
-# Where the grid is short of warps even at 16 a CTA (a second sweep, docs/sweep_h200_small_m.csv: small M·L, warps
-# 2-16 × K split over 1-8 CTAs of a cluster; BENCHMARKS.md, "Few rows"):
+# The CUDA-core kernel's config, from a model fitted to committed sweeps (BENCHMARKS.md, "Dispatch by shape" and
+# "One resident wave"). A GEMV reads at the roofline once about WARPS_PER_SM warps per SM are in flight; warps per CTA
+# (each on its own K windows, summed in a fixed order) add warps where the rows are few.
+# Where the rows are many (r_lanes = 2 CTAs of 8 warps reach WARPS_PER_SM), the grid is sized to the SMs' resident
+# warps (WAVE_CONFIGS, WAVE_REGISTERS): the config whose grid of ceil(M/128)·16·L CTAs is one resident wave with the
+# most warps that have K to read, since CTAs of equal work that spill into a second, partial wave leave the GPU short
+# of warps while that wave runs. Where no config's grid is one wave, the fewest waves with the last one at least
+# FULL_LAST_WAVE full. Graph-timed sweep on the decode suite (docs/sweep_h200_waves.csv, BENCHMARKS.md "One resident
+# wave"): 28672 x 4096 x 1 with 1-warp CTAs (0.97 of a wave) 1.04 x the read, against 1.17 with 2-warp CTAs (1.7
+# waves); 4096 x 7168 x 8 with 2-warp CTAs (1.94 waves) 1.07, against 1.33 with 1-warp CTAs (1.1 waves). Checked
+# against the model it replaced on the 14 shapes of 31 where the two differ, ten of them in no committed suite, both timings
+# (docs/dispatch_h200_waves_check.csv): faster or equal on all 14, contest-timed. 512-byte row pieces (r_lanes = 1,
+# 48 registers) won some graph-timed points but lost up to 17 % contest-timed (11008 x 4096 x 1: 1.24 against
+# 1.07), and 128-byte ones (r_lanes = 4) were slower or equal on all seven of those shapes where the old model picked them:
+# neither is a candidate.
+# Where the rows are few (docs/sweep_h200_small_m.csv: small M·L, warps 2-16 × K split over 1-8 CTAs of a cluster;
+# BENCHMARKS.md, "Few rows"):
 # - where K gives a warp at least half a step, 16-warp CTAs while they make one resident wave: with the 2-step unroll
 #   (82-104 registers: one an SM) where there are no more CTAs than SMs, else with no unroll (56 registers, 64 with
 #   plain scales: two an SM; U1_REGISTERS); otherwise 8 with the 2-step unroll. The 2-step unroll beat the 4-step one
@@ -66,7 +72,14 @@ TC_CONFIGS = {"tc": gemv_tc_sm100.GemvTcSm100Config(), "tc128": gemv_tc_sm100.Ge
 #   (unsplit). Graph timing agrees but at 32 steps with 32-48 CTAs and at 56 steps with 64, where it has the split
 #   2-8 % ahead.
 WARPS_PER_SM = 19
-WARP_CHOICES = (2, 4, 8, 16)
+# (warps, r_lanes, unroll) of the many-rows configs, and their registers (ptxas for sm_90a, allocated in steps of 8;
+# tests/test_simt_compile.py checks the table): what decides how many warps an SM holds, so what one wave is.
+WAVE_CONFIGS = ((1, 2, 2), (2, 2, 2), (4, 2, 2), (8, 2, 4))
+WAVE_REGISTERS = {
+    "permuted": {(1, 2, 2): 72, (2, 2, 2): 64, (4, 2, 2): 64, (8, 2, 4): 64},
+    "plain": {(1, 2, 2): 72, (2, 2, 2): 72, (4, 2, 2): 72, (8, 2, 4): 80},
+}
+FULL_LAST_WAVE = 0.9  # where no grid is one wave: the last wave at least this full
 SPLIT_MIN_STEPS = 32  # K // 512 from which K is split over a cluster
 SPLIT_WORK = 150  # ... and only where ctas x SPLIT_WORK <= SMs x K steps
 SPLIT_STEPS_PER_CTA = 8
@@ -74,31 +87,50 @@ SPLIT_STEPS_PER_CTA = 8
 # the table): what decides how many of their CTAs an SM holds, so how large a split still fits one wave.
 SPLIT_REGISTERS = {("permuted", 2): 80, ("permuted", 4): 64, ("permuted", 8): 64,
                    ("plain", 2): 112, ("plain", 4): 80, ("plain", 8): 112}
-# Registers of the 2-warp, 128-byte-piece config (ptxas, sm_90a; checked like SPLIT_REGISTERS): how many of its warps
-# an SM holds, so whether its grid is one wave.
-R4_REGISTERS = {"permuted": 64, "plain": 72}
 # Registers of the 16-warp config without unroll (likewise): whether two of its CTAs share an SM.
 U1_REGISTERS = {"permuted": 56, "plain": 64}
 REGISTER_FILE = 65536  # 32-bit registers an SM holds (sm_90 and sm_100)
+MAX_CTAS_PER_SM = 32  # sm_90 and sm_100
+MAX_WARPS_PER_SM = 64
 H200_SMS = 132  # the SM count the model falls back to where no device is asked (CPU compiles)
 
 
 def ctas_per_sm(registers: int, warps: int) -> int:
-    """CTAs of `warps` warps at `registers` registers a thread that one SM's register file holds."""
-    return REGISTER_FILE // (registers * 32 * warps)
+    """CTAs of `warps` warps at `registers` registers a thread that one SM holds (registers, CTA and warp limits)."""
+    return min(REGISTER_FILE // (registers * 32 * warps), MAX_CTAS_PER_SM, MAX_WARPS_PER_SM // warps)
+
+
+def waves(slabs: int, warps: int, r_lanes: int, registers: int, sms: int) -> float:
+    """Resident waves of the grid of `slabs` 128-row slabs (times L) in CTAs of `warps` warps and r_lanes rows."""
+    return slabs * (32 // r_lanes) / (sms * ctas_per_sm(registers, warps))
+
+
+def wave_config(slabs: int, k: int, sms: int, sf_kind: str) -> tuple[int, int, int]:
+    """(warps, r_lanes, unroll) of the many-rows model: the most warps with K pieces to read (a warp step is
+    32 / r_lanes pieces of 32 elements) in one resident wave, else the fewest waves with the last one FULL_LAST_WAVE
+    full, else the fullest last wave."""
+    opts = []
+    for w, r, u in WAVE_CONFIGS:
+        n = waves(slabs, w, r, WAVE_REGISTERS[sf_kind][(w, r, u)], sms)
+        busy = min(w, -(-(k // 32) // (32 // r)))
+        opts.append(((w, r, u), slabs * (32 // r) * busy, n))
+    one = [o for o in opts if o[2] <= 1.0]
+    if one:
+        return max(one, key=lambda o: (o[1], -o[2]))[0]
+    full = [o for o in opts if o[2] / -(-o[2] // 1) >= FULL_LAST_WAVE]
+    if full:
+        return min(full, key=lambda o: o[2])[0]
+    return max(opts, key=lambda o: o[2] / -(-o[2] // 1))[0]
 
 
 def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int = H200_SMS):  # noqa: E741
     """The CUDA-core kernel's config for (M, K, L) on a GPU with `sms` SMs (see the model above)."""
     target = WARPS_PER_SM * sms
     slabs = -(-m // 128) * l
-    r4_ctas = slabs * (128 // 16)  # r_lanes = 4: 8 CTAs a slab, 2 warps each
-    if k <= 2048 and target <= 2 * r4_ctas and r4_ctas <= sms * ctas_per_sm(R4_REGISTERS[sf_kind], 2):
-        return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=2, r_lanes=4, unroll=4)
     ctas = slabs * (128 // 8)  # r_lanes = 2: 16 CTAs a slab
-    warps = next((w for w in WARP_CHOICES if ctas * w >= target), WARP_CHOICES[-1])
-    if warps < 16:
-        return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=warps, r_lanes=2, unroll=4 if warps >= 8 else 2)
+    if ctas * 8 >= target:
+        w, r, u = wave_config(slabs, k, sms, sf_kind)
+        return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=w, r_lanes=r, unroll=u)
     steps = k // 512  # 16 lanes x 32 elements a warp step
     splits = 1
     if steps >= SPLIT_MIN_STEPS and ctas * SPLIT_WORK <= sms * steps:
@@ -123,9 +155,8 @@ def simt_configs(sf_kind: str = "permuted") -> tuple:
     """Every config `simt_config_for` can return: what a compile-only check must build."""
     cfg = functools.partial(gemv_simt.GemvSimtConfig, sf_kind=sf_kind)
     return (
-        (cfg(warps=2, r_lanes=4, unroll=4),)
-        + tuple(cfg(warps=w, r_lanes=2, unroll=4 if w == 8 else 2) for w in WARP_CHOICES)
-        + (cfg(warps=16, r_lanes=2, unroll=1),)
+        tuple(cfg(warps=w, r_lanes=r, unroll=u) for w, r, u in WAVE_CONFIGS)
+        + (cfg(warps=16, r_lanes=2, unroll=2), cfg(warps=16, r_lanes=2, unroll=1))
         + tuple(cfg(warps=8, r_lanes=2, unroll=2, k_splits=s) for s in (1, 2, 4, 8))
     )
 

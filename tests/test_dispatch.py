@@ -1,6 +1,8 @@
 """Dispatch on the CPU: which kernel and target each compute capability gets, on which call path and stream, and
 refusals that never reach a compile."""
 
+import math
+
 import pytest
 
 from cute_kernels import gemv_simt, gemv_tc_sm100
@@ -53,14 +55,17 @@ def test_sm100_defaults_to_tensor_cores_and_offers_the_cuda_core_variant(monkeyp
 @pytest.mark.parametrize(
     "mkl, sms, expected",
     [
-        ((7168, 16384, 1), 132, (4, 2, 2, 1)),  # 896 CTAs: 2 warps each leave the GPU short of warps
-        ((4096, 7168, 8), 132, (2, 2, 2, 1)),  # 4096 CTAs: plenty
-        ((7168, 2048, 4), 132, (2, 4, 4, 1)),  # short K with rows to spare: 128-byte row pieces, one wave of them
-        ((7168, 2048, 8), 132, (2, 2, 2, 1)),  # 128-byte pieces would make 1.7 waves: 256-byte ones
-        ((1536, 2048, 8), 132, (2, 2, 2, 1)),  # short K without: 256-byte pieces keep enough CTAs
+        ((7168, 16384, 1), 132, (4, 2, 2, 1)),  # 896 CTAs: 4 warps each are the most in one resident wave
+        ((4096, 7168, 8), 132, (2, 2, 2, 1)),  # no grid is one wave: 1-warp CTAs make 1.1 waves, 2-warp ones 1.94
+        ((7168, 2048, 4), 132, (1, 2, 2, 1)),  # 3584 CTAs of 1 warp: 0.97 of a wave (2 warps: 1.7 waves)
+        ((7168, 2048, 8), 132, (1, 2, 2, 1)),  # 1.94 waves, the last one full
+        ((28672, 4096, 1), 132, (1, 2, 2, 1)),  # 3584 CTAs: as 7168 x 2048 x 4
+        ((1536, 2048, 8), 132, (2, 2, 2, 1)),  # 1536 CTAs: 2 warps fit one wave, 4 do not
+        ((4096, 2048, 1), 132, (4, 2, 2, 1)),  # 64 K pieces: an 8-warp CTA's last 4 warps would have none
+        ((3584, 3584, 1), 132, (8, 2, 4, 1)),  # 112 pieces: 7 of 8 warps busy, still the most busy warps
         ((4096, 7168, 1), 132, (8, 2, 4, 1)),  # 512 CTAs: K split over 8 warps a CTA
         ((576, 7168, 1), 132, (16, 2, 2, 1)),  # 80 CTAs, no more than SMs: the most warps a CTA takes
-        ((4096, 7168, 1), 66, (4, 2, 2, 1)),  # half the SMs need half the warps
+        ((4096, 7168, 1), 66, (4, 2, 2, 1)),  # half the SMs hold half the warps
         ((1536, 7168, 1), 132, (16, 2, 1, 1)),  # 192 CTAs: 16 warps without unroll (56 registers), two an SM
         ((576, 7168, 2), 132, (16, 2, 1, 1)),  # 160 CTAs: likewise
         ((2304, 7168, 1), 132, (8, 2, 2, 1)),  # 288 CTAs: more than two an SM, 8-warp CTAs
@@ -78,12 +83,37 @@ def test_config_model_fills_the_gpu_with_warps(mkl, sms, expected):
 
     cfg = simt_config_for(*mkl, sms=sms)
     assert (cfg.warps, cfg.r_lanes, cfg.unroll, cfg.k_splits) == expected and cfg in simt_configs()
-    m, _, l = mkl
+    m, k, l = mkl
     ctas = -(-m // 128) * cfg.ctas_per_slab * l
     warps = cfg.warps * cfg.k_splits
-    assert ctas * warps >= WARPS_PER_SM * sms or warps >= 8
-    if warps > 2 and warps < 8:  # the fewest warps that reach the target
-        assert ctas * (warps // 2) < WARPS_PER_SM * sms
+    # Enough warps, or the most that make sense: twice as many would leave some without a K piece of 32 elements.
+    assert ctas * warps >= WARPS_PER_SM * sms or warps >= 8 or 2 * warps * cfg.c_lanes * 32 > k
+
+
+@pytest.mark.parametrize("sf_kind", ["permuted", "plain"])
+def test_many_rows_grids_are_one_resident_wave_or_end_on_a_full_one(sf_kind):
+    """Where the rows are many, the grid is one resident wave of the chosen config, or (where no config's is) its
+    last wave is FULL_LAST_WAVE full wherever some config's is: CTAs of equal work never leave a thin last wave."""
+    from nvfp4_gemv.dispatch import FULL_LAST_WAVE, WAVE_CONFIGS, WAVE_REGISTERS, simt_config_for, waves
+
+    checked = 0
+    for sms in (66, 114, 132, 148):
+        for m in (2304, 4096, 7168, 11008, 28672, 65536):
+            for k in (1024, 2048, 4096, 14336):
+                for l in (1, 2, 8, 16):  # noqa: E741
+                    cfg = simt_config_for(m, k, l, sf_kind=sf_kind, sms=sms)
+                    key = (cfg.warps, cfg.r_lanes, cfg.unroll)
+                    if key not in WAVE_CONFIGS or cfg.k_splits > 1:
+                        continue
+                    slabs = -(-m // 128) * l
+                    every = {c: waves(slabs, c[0], c[1], WAVE_REGISTERS[sf_kind][c], sms) for c in WAVE_CONFIGS}
+                    n = every[key]
+                    if any(v <= 1 for v in every.values()):
+                        assert n <= 1, (m, k, l, sms, cfg, every)
+                    elif any(v / math.ceil(v) >= FULL_LAST_WAVE for v in every.values()):
+                        assert n / math.ceil(n) >= FULL_LAST_WAVE, (m, k, l, sms, cfg, every)
+                    checked += 1
+    assert checked > 300
 
 
 @pytest.mark.parametrize("sf_kind", ["permuted", "plain"])

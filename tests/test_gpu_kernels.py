@@ -216,6 +216,9 @@ SPLIT_CONFIGS = {
     "w8s8": dict(warps=8, r_lanes=2, unroll=4, k_splits=8),
     "w2s2r4t2": dict(warps=2, r_lanes=4, rows_per_thread=2, k_splits=2),
     "w16u1": dict(warps=16, r_lanes=2, unroll=1),  # not a split: the 16-warp config without unroll
+    "w2r1": dict(warps=2, r_lanes=1, unroll=2),  # 512-byte row pieces
+    "w8r1u4": dict(warps=8, r_lanes=1, unroll=4),
+    "w4r1s2": dict(warps=4, r_lanes=1, unroll=2, k_splits=2),
 }
 
 
@@ -234,7 +237,7 @@ def test_k_split_kernel_contest_and_full_range(m, k, l, config):
     _contest_and_full_range(_split(config), m, k, l, seeds=(4000 + m + k + l, 5 * m + k + l))
 
 
-@pytest.mark.parametrize("config", ["w4s4", "w2s2r4t2", "w16u1"])
+@pytest.mark.parametrize("config", ["w4s4", "w2s2r4t2", "w16u1", "w2r1"])
 @pytest.mark.parametrize("m,k,l", list(ODD_SHAPES) + [(576, 7168, 1)])
 def test_k_split_kernel_plain_scales(m, k, l, config):
     run = _split(config, "plain")
@@ -242,7 +245,7 @@ def test_k_split_kernel_plain_scales(m, k, l, config):
     assert torch.equal(run(data), _ref(data))
 
 
-@pytest.mark.parametrize("config", ["w4s4", "w8s8"])
+@pytest.mark.parametrize("config", ["w4s4", "w8s8", "w2r1"])
 @pytest.mark.parametrize("m,k,l", [(128, 256, 1), (129, 320, 2), (1000, 1088, 3)])
 def test_k_split_kernel_one_hot_probes_bit_exact(m, k, l, config):
     _probes_bit_exact(_split(config), m, k, l)

@@ -195,9 +195,9 @@ def test_stream_read_sm90a_ptx(ptx_of, kw):
 # Registers ptxas (nvidia-cutlass-dsl 4.8.1) gives each config simt_configs() can dispatch, sm_90a: the builds whose
 # H200 numbers BENCHMARKS.md reports. (warps, r_lanes, unroll, k_splits) -> registers, per scale layout.
 MEASURED_REGISTERS = {
-    "permuted": {(2, 4, 4, 1): 64, (2, 2, 2, 1): 63, (4, 2, 2, 1): 63, (8, 2, 4, 1): 64, (16, 2, 2, 1): 102,
+    "permuted": {(1, 2, 2, 1): 72, (2, 2, 2, 1): 63, (4, 2, 2, 1): 63, (8, 2, 4, 1): 64, (16, 2, 2, 1): 102,
                  (16, 2, 1, 1): 53, (8, 2, 2, 1): 80, (8, 2, 2, 2): 74, (8, 2, 2, 4): 64, (8, 2, 2, 8): 64},
-    "plain": {(2, 4, 4, 1): 72, (2, 2, 2, 1): 71, (4, 2, 2, 1): 71, (8, 2, 4, 1): 80, (16, 2, 2, 1): 110,
+    "plain": {(1, 2, 2, 1): 72, (2, 2, 2, 1): 71, (4, 2, 2, 1): 71, (8, 2, 4, 1): 80, (16, 2, 2, 1): 110,
               (16, 2, 1, 1): 64, (8, 2, 2, 1): 73, (8, 2, 2, 2): 106, (8, 2, 2, 4): 78, (8, 2, 2, 8): 106},
 }
 
@@ -240,13 +240,15 @@ def test_register_table_of_the_split_configs_matches_ptxas():
         assert allocation(MEASURED_REGISTERS[sf_kind][(8, 2, 2, splits)]) == table, (sf_kind, splits)
 
 
-@pytest.mark.parametrize("table,key", [("R4_REGISTERS", (2, 4, 4, 1)), ("U1_REGISTERS", (16, 2, 1, 1))])
-def test_register_tables_of_the_one_wave_configs_match_ptxas(table, key):
-    """nvfp4_gemv.dispatch's R4_REGISTERS (whether the 2-warp, 128-byte-piece grid is one resident wave) and
-    U1_REGISTERS (whether two 16-warp CTAs without unroll share an SM) are what ptxas gives those configs (sm_90a,
-    rounded up to the allocation step of 8), as pinned in MEASURED_REGISTERS."""
+def test_register_tables_of_the_one_wave_configs_match_ptxas():
+    """nvfp4_gemv.dispatch's WAVE_REGISTERS (what one resident wave of each many-rows config is) and U1_REGISTERS
+    (whether two 16-warp CTAs without unroll share an SM) are what ptxas gives those configs (sm_90a, rounded up to
+    the allocation step of 8), as pinned in MEASURED_REGISTERS."""
     from nvfp4_gemv import dispatch
     from registers import allocation
 
-    for sf_kind, regs in getattr(dispatch, table).items():
-        assert allocation(MEASURED_REGISTERS[sf_kind][key]) == regs, (sf_kind, key)
+    for sf_kind, table in dispatch.WAVE_REGISTERS.items():
+        for (w, r, u), regs in table.items():
+            assert allocation(MEASURED_REGISTERS[sf_kind][(w, r, u, 1)]) == regs, (sf_kind, w, r, u)
+    for sf_kind, regs in dispatch.U1_REGISTERS.items():
+        assert allocation(MEASURED_REGISTERS[sf_kind][(16, 2, 1, 1)]) == regs, sf_kind
