@@ -47,11 +47,11 @@ TC_CONFIGS = {"tc": gemv_tc_sm100.GemvTcSm100Config(), "tc128": gemv_tc_sm100.Ge
 # FULL_LAST_WAVE full. Graph-timed sweep on the decode suite (docs/sweep_h200_waves.csv, BENCHMARKS.md "One resident
 # wave"): 28672 x 4096 x 1 with 1-warp CTAs (0.97 of a wave) 1.04 x the read, against 1.17 with 2-warp CTAs (1.7
 # waves); 4096 x 7168 x 8 with 2-warp CTAs (1.94 waves) 1.07, against 1.33 with 1-warp CTAs (1.1 waves). Checked
-# against the model it replaced on the 14 shapes of 31 where the two differ, ten of them in no committed suite, both timings
-# (docs/dispatch_h200_waves_check.csv): faster or equal on all 14, contest-timed. 512-byte row pieces (r_lanes = 1,
-# 48 registers) won some graph-timed points but lost up to 17 % contest-timed (11008 x 4096 x 1: 1.24 against
-# 1.07), and 128-byte ones (r_lanes = 4) were slower or equal on all seven of those shapes where the old model picked them:
-# neither is a candidate.
+# against the model it replaced on the 14 shapes of 31 where the two differ, ten of them in no committed suite
+# (docs/dispatch_h200_waves_check.csv): faster on all 14 contest-timed, faster or equal graph-timed. 512-byte row
+# pieces (r_lanes = 1, 48 registers) won some graph-timed points but lost up to 17 % contest-timed (11008 x 4096 x 1:
+# 1.24 against 1.07), and 128-byte ones (r_lanes = 4) were slower or equal on all seven of those shapes where the old
+# model picked them: neither is a candidate.
 # Where the rows are few (docs/sweep_h200_small_m.csv: small M·L, warps 2-16 × K split over 1-8 CTAs of a cluster;
 # BENCHMARKS.md, "Few rows"):
 # - where K gives a warp at least half a step, 16-warp CTAs while they make one resident wave: with the 2-step unroll
