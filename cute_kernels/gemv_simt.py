@@ -52,7 +52,6 @@ class GemvSimtConfig:
     rows_per_thread: int = 1  # r values per thread; a CTA covers 4·r_lanes·rows_per_thread rows of one slab
     unroll: int = 2  # unroll of the K-step loop
     k_splits: int = 1  # CTAs of a thread-block cluster that split K for the same rows (their sums meet in shared memory)
-    max_registers: int = 0  # 0: as ptxas likes; else a cap (told to ptxas as the CTAs an SM must hold)
 
     def __post_init__(self):
         if self.sf_kind not in SF_KINDS:
@@ -65,12 +64,6 @@ class GemvSimtConfig:
             raise ValueError(f"r_lanes must be 1, 2, 4 or 8 with r_lanes·rows_per_thread <= 32, got {self}")
         if self.k_splits not in (1, 2, 4, 8):
             raise ValueError(f"k_splits must be 1, 2, 4 or 8 (a portable cluster), got {self.k_splits}")
-        if self.max_registers and (self.max_registers % 8 or not 32 <= self.max_registers <= 248):
-            raise ValueError(f"max_registers must be 0 or a multiple of 8 in 32..248, got {self.max_registers}")
-
-    def min_ctas_per_sm(self) -> int:
-        """The CTAs an SM holds at max_registers a thread: what the launch asks ptxas to fit."""
-        return max(1, 65536 // (self.max_registers * 32 * self.warps))
 
     @property
     def c_lanes(self) -> int:
@@ -130,13 +123,6 @@ class GemvSimt(GemvLaunch):
         shape = dict(grid=[n_slabs * self.cfg.ctas_per_slab * splits, l, 1], block=[32 * self.warps, 1, 1])
         if const_expr(splits > 1):
             shape["cluster"] = [splits, 1, 1]  # consecutive CTAs: one row block, K split over them
-        if const_expr(self.cfg.max_registers > 0):
-            # ptxas caps the registers so that this many CTAs fit an SM; the shared-memory carve-out goes with it
-            # (their sums and LUT slots, 1 KB reserved each, in percent of 228 KB), which the DSL would otherwise
-            # ask the device for.
-            ctas = self.cfg.min_ctas_per_sm()
-            smem = ctas * (4 * self.cfg.rows_per_cta * (self.warps + 1) + 512 + 1024)
-            shape.update(min_blocks_per_mp=ctas, preferred_smem_carveout=-(-100 * smem // (228 * 1024)))
         return self.kernel(a_words, b_words, sfa, sfb, c_ml, m, k), shape
 
     @cute.jit
