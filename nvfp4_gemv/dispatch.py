@@ -48,10 +48,12 @@ TC_CONFIGS = {"tc": gemv_tc_sm100.GemvTcSm100Config(), "tc128": gemv_tc_sm100.Ge
 # wave"): 28672 x 4096 x 1 with 1-warp CTAs (0.97 of a wave) 1.04 x the read, against 1.17 with 2-warp CTAs (1.7
 # waves); 4096 x 7168 x 8 with 2-warp CTAs (1.94 waves) 1.07, against 1.33 with 1-warp CTAs (1.1 waves). Checked
 # against the model it replaced on the 14 shapes of 31 where the two differ, ten of them in no committed suite
-# (docs/dispatch_h200_waves_check.csv): faster on all 14 contest-timed, faster or equal graph-timed. 512-byte row
-# pieces (r_lanes = 1, 48 registers) won some graph-timed points but lost up to 17 % contest-timed (11008 x 4096 x 1:
-# 1.24 against 1.07), and 128-byte ones (r_lanes = 4) were slower or equal on all seven of those shapes where the old
-# model picked them: neither is a candidate.
+# (docs/dispatch_h200_waves_check.csv): faster on all 14 contest-timed, faster or equal graph-timed. 3-warp CTAs
+# (65-70 registers, 27 warps an SM) came after: they make one wave where 1057-1188 CTAs of 8 rows do (132 SMs), and on
+# seven such shapes measured 1.048-1.067 x the read contest-timed against 1.077-1.149 with 2 warps
+# (docs/dispatch_h200_w3_check.csv). 512-byte row pieces (r_lanes = 1, 48 registers) won some graph-timed points but
+# lost up to 17 % contest-timed (11008 x 4096 x 1: 1.24 against 1.07), and 128-byte ones (r_lanes = 4) were slower or
+# equal on all seven of those shapes where the old model picked them: neither is a candidate.
 # Where the rows are few (docs/sweep_h200_small_m.csv: small M·L, warps 2-16 × K split over 1-8 CTAs of a cluster;
 # BENCHMARKS.md, "Few rows"):
 # - where K gives a warp at least half a step, 16-warp CTAs while they make one resident wave: with the 2-step unroll
@@ -74,10 +76,10 @@ TC_CONFIGS = {"tc": gemv_tc_sm100.GemvTcSm100Config(), "tc128": gemv_tc_sm100.Ge
 WARPS_PER_SM = 19
 # (warps, r_lanes, unroll) of the many-rows configs, and their registers (ptxas for sm_90a, allocated in steps of 8;
 # tests/test_simt_compile.py checks the table): what decides how many warps an SM holds, so what one wave is.
-WAVE_CONFIGS = ((1, 2, 2), (2, 2, 2), (4, 2, 2), (8, 2, 4))
+WAVE_CONFIGS = ((1, 2, 2), (2, 2, 2), (3, 2, 2), (4, 2, 2), (8, 2, 4))
 WAVE_REGISTERS = {
-    "permuted": {(1, 2, 2): 72, (2, 2, 2): 64, (4, 2, 2): 64, (8, 2, 4): 64},
-    "plain": {(1, 2, 2): 72, (2, 2, 2): 72, (4, 2, 2): 72, (8, 2, 4): 80},
+    "permuted": {(1, 2, 2): 72, (2, 2, 2): 64, (3, 2, 2): 72, (4, 2, 2): 64, (8, 2, 4): 64},
+    "plain": {(1, 2, 2): 72, (2, 2, 2): 72, (3, 2, 2): 72, (4, 2, 2): 72, (8, 2, 4): 80},
 }
 FULL_LAST_WAVE = 0.9  # where no grid is one wave: the last wave at least this full
 SPLIT_MIN_STEPS = 32  # K // 512 from which K is split over a cluster

@@ -60,7 +60,9 @@ def test_sm100_defaults_to_tensor_cores_and_offers_the_cuda_core_variant(monkeyp
         ((7168, 2048, 4), 132, (1, 2, 2, 1)),  # 3584 CTAs of 1 warp: 0.97 of a wave (2 warps: 1.7 waves)
         ((7168, 2048, 8), 132, (1, 2, 2, 1)),  # 1.94 waves, the last one full
         ((28672, 4096, 1), 132, (1, 2, 2, 1)),  # 3584 CTAs: as 7168 x 2048 x 4
-        ((1536, 2048, 8), 132, (2, 2, 2, 1)),  # 1536 CTAs: 2 warps fit one wave, 4 do not
+        ((1536, 2048, 8), 132, (2, 2, 2, 1)),  # 1536 CTAs: 2 warps fit one wave, 3 and 4 do not
+        ((9216, 4096, 1), 132, (3, 2, 2, 1)),  # 1152 CTAs: 3 warps (27 an SM at 72 registers) fit one wave, 4 do not
+        ((10240, 8192, 1), 132, (2, 2, 2, 1)),  # 1280 CTAs: 3 warps would make 1.08 waves
         ((4096, 2048, 1), 132, (4, 2, 2, 1)),  # 64 K pieces: an 8-warp CTA's last 4 warps would have none
         ((3584, 3584, 1), 132, (8, 2, 4, 1)),  # 112 pieces: 7 of 8 warps busy, still the most busy warps
         ((4096, 7168, 1), 132, (8, 2, 4, 1)),  # 512 CTAs: K split over 8 warps a CTA

@@ -219,6 +219,7 @@ SPLIT_CONFIGS = {
     "w2r1": dict(warps=2, r_lanes=1, unroll=2),  # 512-byte row pieces
     "w8r1u4": dict(warps=8, r_lanes=1, unroll=4),
     "w4r1s2": dict(warps=4, r_lanes=1, unroll=2, k_splits=2),
+    "w3": dict(warps=3, r_lanes=2, unroll=2),  # dispatched where 3-warp CTAs make one wave (1057-1188 CTAs on 132 SMs)
 }
 
 
@@ -237,7 +238,7 @@ def test_k_split_kernel_contest_and_full_range(m, k, l, config):
     _contest_and_full_range(_split(config), m, k, l, seeds=(4000 + m + k + l, 5 * m + k + l))
 
 
-@pytest.mark.parametrize("config", ["w4s4", "w2s2r4t2", "w16u1", "w2r1"])
+@pytest.mark.parametrize("config", ["w4s4", "w2s2r4t2", "w16u1", "w2r1", "w3"])
 @pytest.mark.parametrize("m,k,l", list(ODD_SHAPES) + [(576, 7168, 1)])
 def test_k_split_kernel_plain_scales(m, k, l, config):
     run = _split(config, "plain")
