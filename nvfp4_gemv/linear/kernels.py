@@ -13,6 +13,7 @@ from cute_kernels.compile import compile_kernel, raw_function
 from cute_kernels.linear_w4a16 import LinearW4A16, LinearW4A16Config
 from cute_kernels.targets import target
 from cute_kernels.tc_workspace import capability, sm_count
+from nvfp4_gemv.dispatch import MAX_CTAS_PER_SM, REGISTER_FILE, ctas_per_sm
 
 SCALE_LAYOUTS = {"plain": "plain", "swizzled": "permuted"}  # the linear's names -> the kernel's sf_kind
 _X_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -29,15 +30,12 @@ H200_SMS = 132
 SPLITS = ((2, 1), (1, 1), (1, 2), (2, 2), (2, 4), (1, 4), (2, 8), (1, 8), (1, 16))
 REGISTERS = {(1, 1): 64, (2, 1): 72, (1, 2): 80, (2, 2): 128}  # (groups, token_tiles) -> registers a thread
 CAPS = {(1, 1): 48}  # (groups, token_tiles) -> a register cap ptxas meets with one spilled pair in the loop
-REGISTER_FILE = 65536
-MAX_WARPS_PER_SM = 64
-MAX_CTAS_PER_SM = 32
 
 
 def resident_warps(groups: int, k_warps: int, token_tiles: int, cap: int = 0) -> int:
-    """Warps of this config one SM holds at once (register-limited)."""
-    ctas = min(REGISTER_FILE // ((cap or REGISTERS[(groups, token_tiles)]) * 32 * k_warps), MAX_CTAS_PER_SM)
-    return min(ctas * k_warps, MAX_WARPS_PER_SM)
+    """Warps of this config one SM holds at once (registers, CTA and warp limits; the GEMV's model, one CTA being
+    k_warps warps)."""
+    return ctas_per_sm(cap or REGISTERS[(groups, token_tiles)], k_warps) * k_warps
 
 
 def candidates(token_tiles: int):
