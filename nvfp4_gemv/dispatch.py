@@ -18,6 +18,7 @@ device is refused clearly.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from typing import Callable
 
@@ -107,6 +108,11 @@ def waves(slabs: int, warps: int, r_lanes: int, registers: int, sms: int) -> flo
     return slabs * (32 // r_lanes) / (sms * ctas_per_sm(registers, warps))
 
 
+def last_wave_fill(n: float) -> float:
+    """How full the last of `n` resident waves is (1.0 where n is a whole number of waves)."""
+    return n / math.ceil(n)
+
+
 def wave_config(slabs: int, k: int, sms: int, sf_kind: str) -> tuple[int, int, int]:
     """(warps, r_lanes, unroll) of the many-rows model: the most warps with K pieces to read (a warp step is
     32 / r_lanes pieces of 32 elements) in one resident wave, else the fewest waves with the last one FULL_LAST_WAVE
@@ -119,10 +125,10 @@ def wave_config(slabs: int, k: int, sms: int, sf_kind: str) -> tuple[int, int, i
     one = [o for o in opts if o[2] <= 1.0]
     if one:
         return max(one, key=lambda o: (o[1], -o[2]))[0]
-    full = [o for o in opts if o[2] / -(-o[2] // 1) >= FULL_LAST_WAVE]
+    full = [o for o in opts if last_wave_fill(o[2]) >= FULL_LAST_WAVE]
     if full:
         return min(full, key=lambda o: o[2])[0]
-    return max(opts, key=lambda o: o[2] / -(-o[2] // 1))[0]
+    return max(opts, key=lambda o: last_wave_fill(o[2]))[0]
 
 
 def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int = H200_SMS):  # noqa: E741

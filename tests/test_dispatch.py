@@ -1,8 +1,6 @@
 """Dispatch on the CPU: which kernel and target each compute capability gets, on which call path and stream, and
 refusals that never reach a compile."""
 
-import math
-
 import pytest
 
 from cute_kernels import gemv_simt, gemv_tc_sm100
@@ -96,7 +94,8 @@ def test_config_model_fills_the_gpu_with_warps(mkl, sms, expected):
 def test_many_rows_grids_are_one_resident_wave_or_end_on_a_full_one(sf_kind):
     """Where the rows are many, the grid is one resident wave of the chosen config, or (where no config's is) its
     last wave is FULL_LAST_WAVE full wherever some config's is: CTAs of equal work never leave a thin last wave."""
-    from nvfp4_gemv.dispatch import FULL_LAST_WAVE, WAVE_CONFIGS, WAVE_REGISTERS, simt_config_for, waves
+    from nvfp4_gemv.dispatch import (FULL_LAST_WAVE, WAVE_CONFIGS, WAVE_REGISTERS, last_wave_fill, simt_config_for,
+                                     waves)
 
     checked = 0
     for sms in (66, 114, 132, 148):
@@ -112,8 +111,8 @@ def test_many_rows_grids_are_one_resident_wave_or_end_on_a_full_one(sf_kind):
                     n = every[key]
                     if any(v <= 1 for v in every.values()):
                         assert n <= 1, (m, k, l, sms, cfg, every)
-                    elif any(v / math.ceil(v) >= FULL_LAST_WAVE for v in every.values()):
-                        assert n / math.ceil(n) >= FULL_LAST_WAVE, (m, k, l, sms, cfg, every)
+                    elif any(last_wave_fill(v) >= FULL_LAST_WAVE for v in every.values()):
+                        assert last_wave_fill(n) >= FULL_LAST_WAVE, (m, k, l, sms, cfg, every)
                     checked += 1
     assert checked > 300
 
