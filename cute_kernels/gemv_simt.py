@@ -34,7 +34,6 @@ from cutlass import Float16, Float32, Int32, Uint8, Uint32, const_expr
 
 from cute_kernels import decode
 from cute_kernels.compile import GemvLaunch, SmemAllocator, gemv_fake_tensors, load_atom
-from cute_kernels.l2_policy import evict_first_policy, load_v4_with_policy
 from cute_kernels.ptx import cluster_sync, ld_shared_cluster_f32
 from layouts.constants import SF_KINDS
 from layouts.sf_cute import sf_layout_by_col
@@ -53,7 +52,6 @@ class GemvSimtConfig:
     rows_per_thread: int = 1  # r values per thread; a CTA covers 4·r_lanes·rows_per_thread rows of one slab
     unroll: int = 2  # unroll of the K-step loop
     k_splits: int = 1  # CTAs of a thread-block cluster that split K for the same rows (their sums meet in shared memory)
-    evict_first: bool = False  # A and its scales loaded under an L2 evict-first policy (cute_kernels.l2_policy)
 
     def __post_init__(self):
         if self.sf_kind not in SF_KINDS:
@@ -128,18 +126,11 @@ class GemvSimt(GemvLaunch):
         return self.kernel(a_words, b_words, sfa, sfb, c_ml, m, k), shape
 
     @cute.jit
-    def load_once(self, src: cute.Tensor, dst: cute.Tensor, policy):
-        """A 128-bit load of data read exactly once (A and its scales), with L1::no_allocate so L1 keeps b, and under
-        the L2 policy `policy` where the config asks for one.
+    def load_once(self, src: cute.Tensor, dst: cute.Tensor):
+        """A 128-bit load of data read exactly once (A and its scales), with L1::no_allocate so L1 keeps b.
 
         Chosen over default-cached loads, an L2 evict-first policy, `.L2::256B`, `.cs` and `.nc` loads, all measured
         on the H200 (BENCHMARKS.md, "Load cache qualifiers"). A DSL without CopyG2ROp (4.3) issues it default-cached."""
-        if const_expr(self.cfg.evict_first):
-            words = load_v4_with_policy(src.iterator.toint(), policy)
-            dst_words = cute.recast_tensor(dst, Uint32)
-            for w in cutlass.range_constexpr(4):
-                dst_words[w] = words[w]
-            return
         atom = load_atom(src.element_type, 128, l1_no_allocate=True)
         if const_expr(cute.rank(src) == 2):
             # The (q, jj) scale slice (4,4):(4,1) is one contiguous 16-byte run: jj-major, then one mode.
@@ -157,7 +148,7 @@ class GemvSimt(GemvLaunch):
         )
 
     @cute.jit
-    def load_piece(self, bufs, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl, policy):
+    def load_piece(self, bufs, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl):
         """Issue every load of one 32-element K piece for this thread's 4·rows_per_thread rows."""
         cfg = self.cfg
         rA, rS, rB, rSB = bufs
@@ -166,10 +157,10 @@ class GemvSimt(GemvLaunch):
             r = r_first + cfg.r_lanes * i
             for q in cutlass.range_constexpr(4):
                 row = cutlass.min(slab * 128 + q * 32 + r, m - 1)
-                self.load_once(cute.local_tile(a_words[row, None, bidl], (PIECE_WORDS,), (piece,)), rA[None, q, i], policy)
+                self.load_once(cute.local_tile(a_words[row, None, bidl], (PIECE_WORDS,), (piece,)), rA[None, q, i])
             if const_expr(self.sf_padded):
                 # (q, jj) of one r: 16 contiguous bytes of the permuted buffer, one 128-bit load.
-                self.load_once(sfa[((r, None, slab), (None, grp), bidl)], rS[None, None, i], policy)
+                self.load_once(sfa[((r, None, slab), (None, grp), bidl)], rS[None, None, i])
             else:
                 for q in cutlass.range_constexpr(4):
                     row = cutlass.min(slab * 128 + q * 32 + r, m - 1)
@@ -233,7 +224,6 @@ class GemvSimt(GemvLaunch):
         luts = decode.lut_registers(self.arch, lut_slots[None, lane])
         acc = cute.make_rmem_tensor(cute.make_layout((self.rr, 4)), Float32)
         acc.fill(0.0)
-        policy = evict_first_policy() if const_expr(cfg.evict_first) else None
         # The loop is unrolled so that ptxas can issue the next step's loads before this step's math. An explicit
         # register double buffer, a per-thread cp.async ring in shared memory and an L2 prefetch of the pieces
         # ahead were all slower on the H200 (BENCHMARKS.md, "Tried, measured, and the verdict").
@@ -242,12 +232,12 @@ class GemvSimt(GemvLaunch):
         for st in cutlass.range(n_full, unroll=cfg.unroll):
             piece = piece0 + st * piece_stride
             bufs = self.make_buffers()
-            self.load_piece(bufs, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl, policy)
+            self.load_piece(bufs, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl)
             self.compute_piece(bufs, acc, piece, luts)
         tail = piece0 + n_full * piece_stride
         if tail < n_pieces:  # the last, partial step: lanes past K idle
             bufs = self.make_buffers()
-            self.load_piece(bufs, a_words, b_words, sfa, sfb, tail, slab, r_first, m, bidl, policy)
+            self.load_piece(bufs, a_words, b_words, sfa, sfb, tail, slab, r_first, m, bidl)
             self.compute_piece(bufs, acc, tail, luts)
 
         # Lanes of a row (butterfly over c), then warps in order: a fixed summation tree.

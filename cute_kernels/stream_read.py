@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64, Uint32
+from cutlass import Int32, Uint32
 
 from cute_kernels.compile import launch, load_atom
-from cute_kernels.l2_policy import evict_first_policy, load_v4_with_policy
 
 SENTINEL = 0x5EEDFACE  # a fold equal to this is stored to out[0]
 
@@ -28,8 +27,6 @@ LOAD_QUALIFIERS = {
     "no_allocate_256b": dict(l1c_evict_priority=_NA, l2_prefetch_size=cute.nvgpu.L2PrefetchSize.SIZE_256B),
     "cs": dict(load_cache_mode=cute.nvgpu.LoadCacheMode.STREAMING),  # ld.global.cs: evict-first in L1 and L2
     "nc": dict(invariant=True),  # ld.global.nc
-    # ld.global.L1::no_allocate.L2::cache_hint under an evict-first policy, as gemv_simt's evict_first configs read A
-    "evict_first": None,
 }
 
 
@@ -84,8 +81,7 @@ class StreamRead:
         n_ctas, _, _ = cute.arch.grid_dim()
         total = n_ctas * self.cfg.threads
         g = bidx * self.cfg.threads + tidx
-        hints = LOAD_QUALIFIERS[self.cfg.load]
-        atom = evict_first_policy() if hints is None else load_atom(Uint32, 128, **hints)
+        atom = load_atom(Uint32, 128, **LOAD_QUALIFIERS[self.cfg.load])
         fold = Uint32(0)
         n_full = n16 // total
         for i in cutlass.range(n_full, unroll=self.cfg.unroll):
@@ -99,10 +95,7 @@ class StreamRead:
 
     @staticmethod
     def fold_in(atom, chunk, fold):
-        """Load one 16-byte chunk with `atom` (a copy atom, or an L2 cache policy) and XOR its four words into `fold`."""
-        if isinstance(atom, Int64):
-            r = load_v4_with_policy(chunk.iterator.toint(), atom)
-        else:
-            r = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-            cute.copy(atom, chunk, r)
+        """Load one 16-byte chunk with `atom` and XOR its four words into `fold`."""
+        r = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+        cute.copy(atom, chunk, r)
         return fold ^ r[0] ^ r[1] ^ r[2] ^ r[3]
