@@ -35,7 +35,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cute_kernels.compile import SmemAllocator, load_atom
 from cute_kernels.decode import e4m3x2_to_f16x2
-from cute_kernels.ptx import asm_u32, inline_ptx
+from cute_kernels.ptx import asm_u32, cluster_sync, inline_ptx, ld_shared_cluster_f32
 from layouts.constants import SF_VEC
 from layouts.sf_cute import sf_layout_by_col
 
@@ -61,6 +61,7 @@ class LinearW4A16Config:
     global_scale: bool = False
     sf_dtype: str = "u8"  # the scale tensor's element type as passed: "u8" or (nvfp4) "e4m3", so no view per call
     max_registers: int = 0  # 0: as ptxas likes; else a cap, so that more warps stay resident (min CTAs per SM)
+    k_splits: int = 1  # CTAs of a thread-block cluster that split K for the same rows (their sums meet in shared memory)
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -77,6 +78,8 @@ class LinearW4A16Config:
             raise ValueError("mxfp4 has no global scale")
         if self.sf_dtype not in ("u8", "e4m3") or (self.sf_dtype == "e4m3" and self.fmt != "nvfp4"):
             raise ValueError(f"sf_dtype must be 'u8' or (nvfp4) 'e4m3', got {self.sf_dtype!r} for {self.fmt}")
+        if self.k_splits not in (1, 2, 4, 8) or (self.k_splits > 1 and self.max_registers):
+            raise ValueError(f"k_splits must be 1, 2, 4 or 8 (a portable cluster), and uncapped, got {self}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
                                    or not 2 <= self.min_ctas_per_sm() <= 32):
             raise ValueError(f"max_registers must be 0 or a multiple of 8 in 24..248 at which 2 to 32 CTAs fill the "
@@ -339,8 +342,11 @@ class LinearW4A16:
         else:
             sf = cute.make_tensor(cute.recast_ptr(mSF.iterator, dtype=Uint8),
                                   cute.make_layout((n, k // MX_VEC), stride=(k // MX_VEC, 1)))
-        grid = [(n + cfg.rows_per_cta - 1) // cfg.rows_per_cta, (m + cfg.tokens_per_cta - 1) // cfg.tokens_per_cta, 1]
+        n_tiles = (n + cfg.rows_per_cta - 1) // cfg.rows_per_cta
+        grid = [n_tiles * cfg.k_splits, (m + cfg.tokens_per_cta - 1) // cfg.tokens_per_cta, 1]
         shape = dict(grid=grid, block=[cfg.threads, 1, 1])
+        if const_expr(cfg.k_splits > 1):
+            shape["cluster"] = [cfg.k_splits, 1, 1]  # consecutive CTAs: one row tile, K split over them
         if const_expr(cfg.max_registers > 0):
             # ptxas caps the registers so that this many CTAs fit an SM (nvvm.minctasm). The shared-memory carve-out
             # goes with it (those CTAs' k-warp sums, in percent of 228 KB): the DSL would otherwise ask the device.
@@ -468,10 +474,17 @@ class LinearW4A16:
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         bidx, bidy, _ = cute.arch.block_idx()
+        splits = cfg.k_splits
+        split = 0
+        if const_expr(splits > 1):
+            split = bidx % splits  # the CTA's rank in its cluster
+            bidx = bidx // splits
         lane = tidx % 32
         warp = tidx // 32
         wr = warp % cfg.row_warps
         wk = warp // cfg.row_warps
+        kq = split * cfg.k_warps + wk  # this warp's K lane among the cluster's k_warps x k_splits
+        k_lanes = cfg.k_warps * splits
         r = lane // 4
         c = lane % 4
         row0 = bidx * cfg.rows_per_cta + wr * (16 * cfg.groups)
@@ -486,21 +499,24 @@ class LinearW4A16:
         smem = SmemAllocator()
         per_thread = 4 * cfg.groups * cfg.token_tiles
         red = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, self.warps)), 16)
+        part = None
+        if const_expr(splits > 1):
+            part = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, cfg.row_warps)), 16)
         acc = cute.make_rmem_tensor(cute.make_layout((4, cfg.groups, cfg.token_tiles)), Float32)
         acc.fill(0.0)
         n_full = k // STEP_K
-        my_steps = (n_full - wk + cfg.k_warps - 1) // cfg.k_warps
+        my_steps = (n_full - kq + k_lanes - 1) // k_lanes
         # Loads go straight to registers, one step at a time. A second register buffer (loads of the next step
         # in flight), a per-thread cp.async ring of W in shared memory, a producer warp's bulk-copy ring, and L2
         # prefetches a few steps ahead were all slower on the H200: the loop's issue slots and the warps that stay
         # resident decide, not bytes in flight (BENCHMARKS.md, "The W4A16 linear").
         for st in cutlass.range(my_steps, unroll=cfg.unroll):
             step_regs = self.make_regs()
-            self.load_step(step_regs, x_words, w_words, sf, wk + st * cfg.k_warps, rows, toks, c, True)
+            self.load_step(step_regs, x_words, w_words, sf, kq + st * k_lanes, rows, toks, c, True)
             self.compute_step(step_regs, acc)
         if k % STEP_K != 0:
             # The last 64 K elements: lanes c = 0, 1 hold them; c = 2, 3 multiply zeros.
-            if wk == n_full % cfg.k_warps:
+            if kq == n_full % k_lanes:
                 regs = self.make_regs()
                 self.load_step(regs, x_words, w_words, sf, n_full, rows, toks, c, c < 2)
                 self.compute_step(regs, acc)
@@ -511,6 +527,25 @@ class LinearW4A16:
                 red[i, lane, warp] = acc[i]
             cute.arch.sync_threads()
         if wk == 0:
+            for i in cutlass.range_constexpr(per_thread):
+                v = acc[i]
+                for kw in cutlass.range_constexpr(1, cfg.k_warps):
+                    v = v + red[i, lane, wr + kw * cfg.row_warps]
+                acc[i] = v
+                if const_expr(splits > 1):
+                    part[i, lane, wr] = v
+        if const_expr(splits > 1):
+            # The cluster's CTAs in rank order, read by rank 0 from their shared memory; the second barrier keeps
+            # every CTA (and its shared memory) alive until rank 0 has read it.
+            cluster_sync()
+            if split == 0 and wk == 0:
+                for i in cutlass.range_constexpr(per_thread):
+                    v = acc[i]
+                    addr = (part.iterator + part.layout((i, lane, wr))).toint()
+                    for z in cutlass.range_constexpr(1, splits):
+                        v = v + ld_shared_cluster_f32(addr, z)
+                    acc[i] = v
+        if wk == 0 and split == 0:
             factor = Float32(cfg.output_factor())
             if const_expr(cfg.global_scale):
                 factor = factor * mGS[0]
@@ -519,8 +554,6 @@ class LinearW4A16:
                     for q in cutlass.range_constexpr(4):
                         i = q + 4 * (g + cfg.groups * t)
                         v = acc[i]
-                        for kw in cutlass.range_constexpr(1, cfg.k_warps):
-                            v = v + red[i, lane, wr + kw * cfg.row_warps]
                         row = row0 + 16 * g + 8 * (q // 2) + r
                         tok = bidy * cfg.tokens_per_cta + 8 * t + 2 * c + q % 2
                         if row < n and tok < m:
@@ -528,3 +561,5 @@ class LinearW4A16:
                             if const_expr(cfg.bias):
                                 v = v + mBias[row].to(Float32)
                             mY[tok, row] = v.to(mY.element_type)
+        if const_expr(splits > 1):
+            cluster_sync()

@@ -100,6 +100,27 @@ def test_choose_split_fills_one_wave(token_tiles):
     assert kernels.resident_warps(2, 8, 1) == 24 and kernels.resident_warps(1, 8, 1) == 32
 
 
+def test_k_splits_only_where_few_rows_leave_the_gpu_idle():
+    """A cluster shares K only where choose_split's warps fill under half a wave; then it shortens each warp's K
+    steps and keeps the grid within one resident wave."""
+    for n, k in [(6144, 4096), (28672, 4096), (4096, 14336), (8192, 28672), (4096, 7168), (10240, 8192),
+                 (2048, 768), (1536, 2048)]:
+        for t in (1, 2):
+            assert kernels.k_splits_for(n, k, 132, t, *kernels.choose_split(n, k, 132, t)) == 1, (n, k, t)
+    for n, k in [(128, 16384), (1000, 4096), (256, 7168), (64, 4096), (512, 14336)]:
+        for t in (1, 2):
+            g, q, cap = kernels.choose_split(n, k, 132, t)
+            s = kernels.k_splits_for(n, k, 132, t, g, q, cap)
+            assert s > 1, (n, k, t)
+            assert -(-n // (16 * g)) * q * s <= kernels.resident_warps(g, q, t) * 132
+            assert -(-(k // 128) // (q * s)) < -(-(k // 128) // q)  # fewer steps a warp
+    assert "k_splits=8 (a cluster)" in kernels.describe(1, 128, 16384, "nvfp4", "bf16")
+    with pytest.raises(ValueError, match="k_splits"):
+        kernels.LinearW4A16Config(k_splits=3)
+    with pytest.raises(ValueError, match="k_splits"):
+        kernels.LinearW4A16Config(k_warps=8, max_registers=48, k_splits=2)
+
+
 @pytest.mark.slow
 def test_register_table_matches_ptxas(tmp_path):
     """kernels.REGISTERS bounds what ptxas gives each (groups, token_tiles) for sm_90a (k_warps 4 and 8, rounded up
@@ -225,9 +246,39 @@ def test_every_split(split, fmt):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("splits", [(1, 16, 8), (1, 4, 2), (2, 16, 4), (2, 8, 8)], ids=str)
+@pytest.mark.parametrize("fmt,layout", LAYOUTS)
+def test_k_split_over_a_cluster(splits, fmt, layout):
+    """K shared by the CTAs of a cluster (summed in rank order by rank 0), with a K that leaves some warps a
+    partial step or none, against the reference; and the same bits as without the split on small-integer data
+    where every sum is exact."""
+    token_tiles, k_warps, k_splits = splits
+    m = 5 if token_tiles == 1 else 11
+    w, scale, plain = _operands(200, 2880 + 64, fmt, layout)
+    x = torch.randn(m, 2880 + 64).to(torch.bfloat16).cuda()
+    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
+    bias = torch.randn(200).to(torch.bfloat16).cuda()
+    y = _run(x, w.cuda(), scale.cuda(), fmt, layout, gs, bias, k_warps=k_warps, k_splits=k_splits)
+    _check(y, x, w.cuda(), plain, fmt, gs, bias)
+    from test_linear_reference import swizzle
+
+    w = _operands(200, 1024, fmt, layout)[0]  # every code, unit scales: every partial sum is a multiple of 0.5
+    if fmt == "nvfp4":
+        unit = torch.full((200, 1024 // 16), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn)
+        scale = swizzle(unit) if layout == "swizzled" else unit
+    else:
+        scale = torch.full((200, 1024 // 32), 127, dtype=torch.uint8)
+    xi = torch.randint(-2, 3, (m, 1024)).to(torch.bfloat16).cuda()
+    one = _run(xi, w.cuda(), scale.cuda(), fmt, layout, k_warps=k_warps)
+    split = _run(xi, w.cuda(), scale.cuda(), fmt, layout, k_warps=k_warps, k_splits=k_splits)
+    assert torch.equal(one.view(torch.int16), split.view(torch.int16))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("cfg", [{}, dict(k_warps=4, max_registers=48)], ids=["dispatched", "capped"])
+@pytest.mark.parametrize("cfg", [{}, dict(k_warps=4, max_registers=48), dict(k_warps=4, k_splits=4)],
+                         ids=["dispatched", "capped", "cluster"])
 def test_one_hot_probes(fmt, dtype, cfg):
     """Row r holds one code at k = (7r + 3) % K and scale 2^(r % 5) on its block; token t is one-hot at row t's k:
     y[t, r] is code · scale when r == t and 0 otherwise, exactly. Every code, both nibbles, every block position."""
@@ -255,9 +306,10 @@ def test_one_hot_probes(fmt, dtype, cfg):
 
 
 @pytest.mark.gpu
-def test_bit_identical_over_100_runs():
-    w, scale, plain = _operands(4096, 7168, "nvfp4", "plain")
-    x = torch.randn(16, 7168).to(torch.bfloat16).cuda()
+@pytest.mark.parametrize("n,k", [(4096, 7168), (256, 7168)], ids=["one CTA a row tile", "a cluster a row tile"])
+def test_bit_identical_over_100_runs(n, k):
+    w, scale, plain = _operands(n, k, "nvfp4", "plain")
+    x = torch.randn(16, k).to(torch.bfloat16).cuda()
     w, scale = w.cuda(), scale.cuda()
     first = _run(x, w, scale, "nvfp4", "plain")
     for _ in range(100):

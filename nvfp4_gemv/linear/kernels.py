@@ -69,13 +69,37 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1) -> tuple[int, i
     return best if best is not None else fewest
 
 
+def k_splits_for(n: int, k: int, sms: int, token_tiles: int, groups: int, k_warps: int, cap: int) -> int:
+    """CTAs of a cluster that share K for one row tile, on top of choose_split's split: where that split's warps fill
+    under half a wave (few rows, N up to about a thousand), the cluster size (2, 4 or 8) that gives each warp the
+    fewest K steps while the warps still fit one resident wave; the smaller size on ties. Each warp then waits out
+    fewer load round trips one after another, at the price of a cluster barrier and a sum through distributed shared
+    memory (BENCHMARKS.md, "Few rows: K split over a cluster")."""
+    if cap:
+        return 1
+    steps = max(1, k // 128)
+    wave = resident_warps(groups, k_warps, token_tiles) * sms
+    warps = -(-n // (16 * groups)) * k_warps
+    if 2 * warps > wave:
+        return 1
+    best, best_steps = 1, -(-steps // k_warps)
+    for s in (2, 4, 8):
+        per_warp = -(-steps // (k_warps * s))
+        if warps * s <= wave and per_warp < best_steps:
+            best, best_steps = s, per_warp
+    return best
+
+
 def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str, bias: bool, global_scale: bool,
                sms: int = H200_SMS, **override):
-    """The kernel config for one call shape: 8 tokens a CTA up to M = 8, else 16; the split from choose_split."""
+    """The kernel config for one call shape: 8 tokens a CTA up to M = 8, else 16; the split from choose_split, and
+    K split over a cluster from k_splits_for."""
     token_tiles = 1 if m <= 8 else 2
     groups, k_warps, cap = choose_split(n, k, sms, token_tiles)
+    splits = k_splits_for(n, k, sms, token_tiles, groups, k_warps, cap)
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
-               groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap)
+               groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap,
+               k_splits=splits)
     cfg.update(override)
     return LinearW4A16Config(**cfg)
 
@@ -144,4 +168,5 @@ def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layou
     note = "" if m <= 16 else f"; M > 16: {tiles} token tiles of {cfg.tokens_per_cta}, W read once per tile"
     return (f"linear_w4a16 {fmt} {xd}: {path}, {cfg.mma_dtype} MMA, groups={cfg.groups} row_warps={cfg.row_warps} "
             f"k_warps={cfg.k_warps} token_tiles={cfg.token_tiles}"
+            + (f" k_splits={cfg.k_splits} (a cluster)" if cfg.k_splits > 1 else "")
             + (f" max_registers={cfg.max_registers}" if cfg.max_registers else "") + note)
