@@ -101,18 +101,18 @@ def test_choose_split_fills_one_wave(token_tiles):
 
 
 def test_k_splits_only_where_few_rows_leave_the_gpu_idle():
-    """A cluster shares K only where choose_split's warps fill under half a wave; then it shortens each warp's K
-    steps and keeps the grid within one resident wave."""
+    """A cluster shares K only where choose_split's warps fill at most half a wave; then it shortens each warp's K
+    steps and keeps the grid within half a wave (docs/linear_sweep_h200_k_splits.csv)."""
     for n, k in [(6144, 4096), (28672, 4096), (4096, 14336), (8192, 28672), (4096, 7168), (10240, 8192),
                  (2048, 768), (1536, 2048)]:
         for t in (1, 2):
             assert kernels.k_splits_for(n, k, 132, t, *kernels.choose_split(n, k, 132, t)) == 1, (n, k, t)
-    for n, k in [(128, 16384), (1000, 4096), (256, 7168), (64, 4096), (512, 14336)]:
+    for n, k in [(128, 16384), (256, 7168), (64, 4096), (512, 14336)]:
         for t in (1, 2):
             g, q, cap = kernels.choose_split(n, k, 132, t)
             s = kernels.k_splits_for(n, k, 132, t, g, q, cap)
             assert s > 1, (n, k, t)
-            assert -(-n // (16 * g)) * q * s <= kernels.resident_warps(g, q, t) * 132
+            assert 2 * -(-n // (16 * g)) * q * s <= kernels.resident_warps(g, q, t) * 132  # at most half a wave
             assert -(-(k // 128) // (q * s)) < -(-(k // 128) // q)  # fewer steps a warp
     assert "k_splits=8 (a cluster)" in kernels.describe(1, 128, 16384, "nvfp4", "bf16")
     with pytest.raises(ValueError, match="k_splits"):

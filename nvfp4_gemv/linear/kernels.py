@@ -71,21 +71,22 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1) -> tuple[int, i
 
 def k_splits_for(n: int, k: int, sms: int, token_tiles: int, groups: int, k_warps: int, cap: int) -> int:
     """CTAs of a cluster that share K for one row tile, on top of choose_split's split: where that split's warps fill
-    under half a wave (few rows, N up to about a thousand), the cluster size (2, 4 or 8) that gives each warp the
-    fewest K steps while the warps still fit one resident wave; the smaller size on ties. Each warp then waits out
+    at most half a wave (few rows, N up to about a thousand), the cluster size (2, 4 or 8) that gives each warp the
+    fewest K steps while the warps still fill at most half a wave; the smaller size on ties. Each warp then waits out
     fewer load round trips one after another, at the price of a cluster barrier and a sum through distributed shared
-    memory (BENCHMARKS.md, "Few rows: K split over a cluster")."""
+    memory. Graph-timed on the H200 (docs/linear_sweep_h200_k_splits.csv; BENCHMARKS.md, "Few rows: K split over a
+    cluster"): 128 x 16384 at M = 1 2.15 x the read with 8 CTAs a cluster, against 4.84 unsplit; 512 x 14336 2.28 with
+    4, against 3.32 unsplit and 3.05 with 8 (a whole wave); clusters that filled more than half a wave lost on 2880 x
+    2880 (1.87 against 1.73)."""
     if cap:
         return 1
     steps = max(1, k // 128)
     wave = resident_warps(groups, k_warps, token_tiles) * sms
     warps = -(-n // (16 * groups)) * k_warps
-    if 2 * warps > wave:
-        return 1
     best, best_steps = 1, -(-steps // k_warps)
     for s in (2, 4, 8):
         per_warp = -(-steps // (k_warps * s))
-        if warps * s <= wave and per_warp < best_steps:
+        if 2 * warps * s <= wave and per_warp < best_steps:
             best, best_steps = s, per_warp
     return best
 
@@ -96,7 +97,9 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     K split over a cluster from k_splits_for."""
     token_tiles = 1 if m <= 8 else 2
     groups, k_warps, cap = choose_split(n, k, sms, token_tiles)
-    splits = k_splits_for(n, k, sms, token_tiles, groups, k_warps, cap)
+    # An override of the split (sweeps, tests) means that split on its own, unless it names k_splits too.
+    own = any(f in override for f in ("groups", "k_warps", "max_registers", "token_tiles"))
+    splits = 1 if own else k_splits_for(n, k, sms, token_tiles, groups, k_warps, cap)
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap,
                k_splits=splits)
