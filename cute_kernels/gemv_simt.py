@@ -85,8 +85,6 @@ class GemvSimt(GemvLaunch):
         self.warps = config.warps
         self.rr = config.rows_per_thread
         self.sf_padded = config.sf_kind == "permuted"  # every row of every 128-row slab exists in the buffer
-        self.warp_levels = (self.warps - 1).bit_length()  # butterfly levels over the warps' sums
-        self.warps_p2 = 1 << self.warp_levels  # warps rounded up to a power of two
 
     @staticmethod
     def can_implement(m: int, k: int, l: int) -> bool:
@@ -189,17 +187,6 @@ class GemvSimt(GemvLaunch):
         r = (bidx % cfg.ctas_per_slab) * (cfg.rows_per_cta // 4) + tidx % cfg.r_lanes + cfg.r_lanes * i
         return slab * 128 + q * 32 + r
 
-    @cute.jit
-    def finish(self, j, s, bidx, slab, c_ml, m, bidl, part):
-        """The CTA's sum s of its row j: stored as fp16 (one CTA a row block), or kept in `part` for rank 0 of the
-        cluster to add (K split over a cluster)."""
-        if const_expr(self.cfg.k_splits == 1):
-            row = self.summed_row(j, bidx, slab)
-            if row < m:
-                c_ml[row, bidl] = s.to(Float16)
-        else:
-            part[j] = s
-
     @cute.kernel
     def kernel(
         self,
@@ -253,43 +240,25 @@ class GemvSimt(GemvLaunch):
             self.load_piece(bufs, a_words, b_words, sfa, sfb, tail, slab, r_first, m, bidl)
             self.compute_piece(bufs, acc, tail, luts)
 
-        # Lanes of a row (butterfly over c), then warps (a butterfly over the warps' sums, read back from shared
-        # memory by rows_per_cta x P lanes): a fixed summation tree. A 1-warp CTA stores from the lanes that hold
-        # the row sums; a CTA whose rows x P exceed its threads adds the warps one after another.
-        warps_p2 = self.warps_p2
-        direct = self.warps == 1 and splits == 1
-        tree = self.warps > 1 and cfg.rows_per_cta * warps_p2 <= 32 * self.warps
+        # Lanes of a row (butterfly over c), then warps in order: a fixed summation tree.
         for i in cutlass.range_constexpr(self.rr):
             for q in cutlass.range_constexpr(4):
                 v = acc[i, q]
                 for sh in cutlass.range_constexpr(cfg.c_lanes.bit_length() - 1):
                     v = v + cute.arch.shuffle_sync_bfly(v, offset=1 << sh)
                 if c == 0:
-                    j = (q * self.rr + i) * cfg.r_lanes + ri
-                    if const_expr(direct):
-                        self.finish(j, v, bidx, slab, c_ml, m, bidl, part)
-                    else:
-                        red[j, warp] = v
-        if const_expr(not direct):
-            cute.arch.sync_threads()
-            if const_expr(tree):
-                active = cfg.rows_per_cta * warps_p2
-                if tidx < -(-active // 32) * 32:  # whole warps, so that every lane takes part in the shuffles
-                    j = tidx // warps_p2
-                    w = tidx % warps_p2
-                    s = Float32(0.0)
-                    if tidx < active and w < self.warps:
-                        s = red[j, w]
-                    for sh in cutlass.range_constexpr(self.warp_levels):
-                        s = s + cute.arch.shuffle_sync_bfly(s, offset=1 << sh)
-                    if tidx < active and w == 0:
-                        self.finish(j, s, bidx, slab, c_ml, m, bidl, part)
+                    red[(q * self.rr + i) * cfg.r_lanes + ri, warp] = v
+        cute.arch.sync_threads()
+        if tidx < cfg.rows_per_cta:
+            row = self.summed_row(tidx, bidx, slab)
+            s = red[tidx, 0]
+            for w in cutlass.range_constexpr(1, self.warps):
+                s = s + red[tidx, w]
+            if const_expr(splits == 1):
+                if row < m:
+                    c_ml[row, bidl] = s.to(Float16)
             else:
-                if tidx < cfg.rows_per_cta:
-                    s = red[tidx, 0]
-                    for w in cutlass.range_constexpr(1, self.warps):
-                        s = s + red[tidx, w]
-                    self.finish(tidx, s, bidx, slab, c_ml, m, bidl, part)
+                part[tidx] = s
         if const_expr(splits > 1):
             # The cluster's CTAs in rank order, read by rank 0 from their shared memory; the second barrier keeps
             # every CTA (and its shared memory) alive until rank 0 has read it.
