@@ -52,7 +52,6 @@ class GemvSimtConfig:
     rows_per_thread: int = 1  # r values per thread; a CTA covers 4·r_lanes·rows_per_thread rows of one slab
     unroll: int = 2  # unroll of the K-step loop
     k_splits: int = 1  # CTAs of a thread-block cluster that split K for the same rows (their sums meet in shared memory)
-    pipeline: bool = False  # two register buffers in turn: the next step's loads issued before this step's math
 
     def __post_init__(self):
         if self.sf_kind not in SF_KINDS:
@@ -230,31 +229,11 @@ class GemvSimt(GemvLaunch):
         # ahead were all slower on the H200 (BENCHMARKS.md, "Tried, measured, and the verdict").
         piece_stride = pieces_per_step
         piece0 = (warp if splits == 1 else split * self.warps + warp) * cfg.c_lanes + c
-        if const_expr(cfg.pipeline):
-            bufa = self.make_buffers()
-            bufb = self.make_buffers()
-            args = (a_words, b_words, sfa, sfb)
-            if n_full > 0:
-                self.load_piece(bufa, *args, piece0, slab, r_first, m, bidl)
-                for i in cutlass.range((n_full - 1) // 2, unroll=1):
-                    p = piece0 + (2 * i) * piece_stride
-                    self.load_piece(bufb, *args, p + piece_stride, slab, r_first, m, bidl)
-                    self.compute_piece(bufa, acc, p, luts)
-                    self.load_piece(bufa, *args, p + 2 * piece_stride, slab, r_first, m, bidl)
-                    self.compute_piece(bufb, acc, p + piece_stride, luts)
-                last = piece0 + ((n_full - 1) // 2 * 2) * piece_stride
-                if (n_full - 1) % 2 == 1:
-                    self.load_piece(bufb, *args, last + piece_stride, slab, r_first, m, bidl)
-                    self.compute_piece(bufa, acc, last, luts)
-                    self.compute_piece(bufb, acc, last + piece_stride, luts)
-                else:
-                    self.compute_piece(bufa, acc, last, luts)
-        else:
-            for st in cutlass.range(n_full, unroll=cfg.unroll):
-                piece = piece0 + st * piece_stride
-                bufs = self.make_buffers()
-                self.load_piece(bufs, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl)
-                self.compute_piece(bufs, acc, piece, luts)
+        for st in cutlass.range(n_full, unroll=cfg.unroll):
+            piece = piece0 + st * piece_stride
+            bufs = self.make_buffers()
+            self.load_piece(bufs, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl)
+            self.compute_piece(bufs, acc, piece, luts)
         tail = piece0 + n_full * piece_stride
         if tail < n_pieces:  # the last, partial step: lanes past K idle
             bufs = self.make_buffers()
