@@ -19,7 +19,8 @@ scale fold, NV_FOLD); the rest of that power of two, and the global scale, multi
 
 Work split: a CTA is row_warps x k_warps warps; a warp owns `groups` 16-row groups and takes every k_warps-th step,
 so the row_warps warps on the same steps share x through L1. k-warps are summed in warp order through shared
-memory: the result is bit-identical run to run. Each product W·x is exact in fp32 and the tensor cores sum in fp32.
+memory; with k_splits > 1 the k_splits CTAs of a thread-block cluster share the steps of one row tile, and rank 0
+adds their sums in rank order through distributed shared memory: the result is bit-identical run to run. Each product W·x is exact in fp32 and the tensor cores sum in fp32.
 On the H200 the loop is about three instructions an element, close to what the SMs can issue while the bytes stream,
 so the split is chosen to keep the most warps resident (nvfp4_gemv/linear/kernels.py; BENCHMARKS.md, "The W4A16
 linear").
