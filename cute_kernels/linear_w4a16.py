@@ -484,7 +484,7 @@ class LinearW4A16:
         warp = tidx // 32
         wr = warp % cfg.row_warps
         wk = warp // cfg.row_warps
-        kq = split * cfg.k_warps + wk  # this warp's K lane among the cluster's k_warps x k_splits
+        kq = wk if splits == 1 else split * cfg.k_warps + wk  # this warp's K lane among the cluster's k_warps x k_splits
         k_lanes = cfg.k_warps * splits
         r = lane // 4
         c = lane % 4
@@ -527,40 +527,58 @@ class LinearW4A16:
             for i in cutlass.range_constexpr(per_thread):
                 red[i, lane, warp] = acc[i]
             cute.arch.sync_threads()
-        if wk == 0:
-            for i in cutlass.range_constexpr(per_thread):
-                v = acc[i]
-                for kw in cutlass.range_constexpr(1, cfg.k_warps):
-                    v = v + red[i, lane, wr + kw * cfg.row_warps]
-                acc[i] = v
-                if const_expr(splits > 1):
-                    part[i, lane, wr] = v
-        if const_expr(splits > 1):
+        if const_expr(splits == 1):
+            if wk == 0:
+                factor = self.output_factor(mGS)
+                for g in cutlass.range_constexpr(cfg.groups):
+                    for t in cutlass.range_constexpr(cfg.token_tiles):
+                        for q in cutlass.range_constexpr(4):
+                            i = q + 4 * (g + cfg.groups * t)
+                            v = acc[i]
+                            for kw in cutlass.range_constexpr(1, cfg.k_warps):
+                                v = v + red[i, lane, wr + kw * cfg.row_warps]
+                            self.store(v, factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n)
+        else:
             # The cluster's CTAs in rank order, read by rank 0 from their shared memory; the second barrier keeps
             # every CTA (and its shared memory) alive until rank 0 has read it.
-            cluster_sync()
-            if split == 0 and wk == 0:
+            if wk == 0:
                 for i in cutlass.range_constexpr(per_thread):
                     v = acc[i]
-                    addr = (part.iterator + part.layout((i, lane, wr))).toint()
-                    for z in cutlass.range_constexpr(1, splits):
-                        v = v + ld_shared_cluster_f32(addr, z)
+                    for kw in cutlass.range_constexpr(1, cfg.k_warps):
+                        v = v + red[i, lane, wr + kw * cfg.row_warps]
                     acc[i] = v
-        if wk == 0 and split == 0:
-            factor = Float32(cfg.output_factor())
-            if const_expr(cfg.global_scale):
-                factor = factor * mGS[0]
-            for g in cutlass.range_constexpr(cfg.groups):
-                for t in cutlass.range_constexpr(cfg.token_tiles):
-                    for q in cutlass.range_constexpr(4):
-                        i = q + 4 * (g + cfg.groups * t)
-                        v = acc[i]
-                        row = row0 + 16 * g + 8 * (q // 2) + r
-                        tok = bidy * cfg.tokens_per_cta + 8 * t + 2 * c + q % 2
-                        if row < n and tok < m:
-                            v = v * factor
-                            if const_expr(cfg.bias):
-                                v = v + mBias[row].to(Float32)
-                            mY[tok, row] = v.to(mY.element_type)
-        if const_expr(splits > 1):
+                    part[i, lane, wr] = v
             cluster_sync()
+            if split == 0 and wk == 0:
+                factor = self.output_factor(mGS)
+                for g in cutlass.range_constexpr(cfg.groups):
+                    for t in cutlass.range_constexpr(cfg.token_tiles):
+                        for q in cutlass.range_constexpr(4):
+                            i = q + 4 * (g + cfg.groups * t)
+                            v = acc[i]
+                            addr = (part.iterator + part.layout((i, lane, wr))).toint()
+                            for z in cutlass.range_constexpr(1, splits):
+                                v = v + ld_shared_cluster_f32(addr, z)
+                            self.store(v, factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n)
+            cluster_sync()
+
+    @cute.jit
+    def output_factor(self, mGS):
+        """What the fp32 sums are multiplied by before the store: the scale fold's power of two, times the global
+        scale where there is one."""
+        factor = Float32(self.cfg.output_factor())
+        if const_expr(self.cfg.global_scale):
+            factor = factor * mGS[0]
+        return factor
+
+    @cute.jit
+    def store(self, v, factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n):
+        """y[tok, row] of accumulator q of group g, token tile t: the sum v times `factor`, plus the bias."""
+        cfg = self.cfg
+        row = row0 + 16 * g + 8 * (q // 2) + r
+        tok = bidy * cfg.tokens_per_cta + 8 * t + 2 * c + q % 2
+        if row < n and tok < m:
+            v = v * factor
+            if const_expr(cfg.bias):
+                v = v + mBias[row].to(Float32)
+            mY[tok, row] = v.to(mY.element_type)

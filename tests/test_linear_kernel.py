@@ -20,6 +20,7 @@ PTX_CASES = [
     dict(fmt="mxfp4", x_dtype="bf16", groups=2, k_warps=4),
     dict(fmt="mxfp4", x_dtype="fp16"),
     dict(fmt="nvfp4", x_dtype="bf16", max_registers=48),
+    dict(fmt="nvfp4", x_dtype="bf16", sf_kind="permuted", token_tiles=2, k_warps=16, k_splits=8),
 ]
 
 
@@ -70,6 +71,8 @@ def test_ptx_facts(ptx, kw, arch):
         assert ".minnctapersm" not in text
     # NVFP4 scales through the hardware e4m3 conversion; the f16 path decodes codes through it too.
     assert ("cvt.rn.f16x2.e4m3x2" in text) == (cfg.fmt == "nvfp4" or cfg.mma_dtype == "fp16")
+    # K split over a cluster: rank 0 reads the other CTAs' sums from their shared memory, between cluster barriers.
+    assert (text.count("barrier.cluster.wait") == 2 and "ld.shared::cluster.f32" in text) == (cfg.k_splits > 1)
     # Deterministic: no float atomics anywhere.
     for line in text.splitlines():
         assert not (line.strip().startswith(("atom.", "red.")) and ".f32" in line), line
