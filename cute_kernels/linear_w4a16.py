@@ -527,40 +527,47 @@ class LinearW4A16:
             for i in cutlass.range_constexpr(per_thread):
                 red[i, lane, warp] = acc[i]
             cute.arch.sync_threads()
+        out = (mGS, row0, r, c, bidy, mY, mBias, m, n)
         if const_expr(splits == 1):
             if wk == 0:
-                factor = self.output_factor(mGS)
-                for g in cutlass.range_constexpr(cfg.groups):
-                    for t in cutlass.range_constexpr(cfg.token_tiles):
-                        for q in cutlass.range_constexpr(4):
-                            i = q + 4 * (g + cfg.groups * t)
-                            v = acc[i]
-                            for kw in cutlass.range_constexpr(1, cfg.k_warps):
-                                v = v + red[i, lane, wr + kw * cfg.row_warps]
-                            self.store(v, factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n)
+                self.store_sums(self.k_warp_sum, (acc, red, lane, wr), *out)
         else:
             # The cluster's CTAs in rank order, read by rank 0 from their shared memory; the second barrier keeps
             # every CTA (and its shared memory) alive until rank 0 has read it.
             if wk == 0:
                 for i in cutlass.range_constexpr(per_thread):
-                    v = acc[i]
-                    for kw in cutlass.range_constexpr(1, cfg.k_warps):
-                        v = v + red[i, lane, wr + kw * cfg.row_warps]
+                    v = self.k_warp_sum(i, acc, red, lane, wr)
                     acc[i] = v
                     part[i, lane, wr] = v
             cluster_sync()
             if split == 0 and wk == 0:
-                factor = self.output_factor(mGS)
-                for g in cutlass.range_constexpr(cfg.groups):
-                    for t in cutlass.range_constexpr(cfg.token_tiles):
-                        for q in cutlass.range_constexpr(4):
-                            i = q + 4 * (g + cfg.groups * t)
-                            v = acc[i]
-                            addr = (part.iterator + part.layout((i, lane, wr))).toint()
-                            for z in cutlass.range_constexpr(1, splits):
-                                v = v + ld_shared_cluster_f32(addr, z)
-                            self.store(v, factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n)
+                self.store_sums(self.cluster_sum, (acc, part, lane, wr), *out)
             cluster_sync()
+
+    def k_warp_sum(self, i, acc, red, lane, wr):
+        """Accumulator i of this thread plus the same accumulator of the CTA's other k-warps, in warp order."""
+        v = acc[i]
+        for kw in range(1, self.cfg.k_warps):
+            v = v + red[i, lane, wr + kw * self.cfg.row_warps]
+        return v
+
+    def cluster_sum(self, i, acc, part, lane, wr):
+        """Rank 0's CTA sum i plus the other ranks' (their `part` in shared memory), in rank order."""
+        v = acc[i]
+        addr = (part.iterator + part.layout((i, lane, wr))).toint()
+        for z in range(1, self.cfg.k_splits):
+            v = v + ld_shared_cluster_f32(addr, z)
+        return v
+
+    def store_sums(self, sum_of, sum_args, mGS, row0, r, c, bidy, mY, mBias, m, n):
+        """Every output of this thread's rows and tokens: sum_of(i, *sum_args) for accumulator i, through `store`."""
+        cfg = self.cfg
+        factor = self.output_factor(mGS)
+        for g in range(cfg.groups):
+            for t in range(cfg.token_tiles):
+                for q in range(4):
+                    i = q + 4 * (g + cfg.groups * t)
+                    self.store(sum_of(i, *sum_args), factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n)
 
     @cute.jit
     def output_factor(self, mGS):
