@@ -20,10 +20,10 @@ scale fold, NV_FOLD); the rest of that power of two, and the global scale, multi
 Work split: a CTA is row_warps x k_warps warps; a warp owns `groups` 16-row groups and takes every k_warps-th step,
 so the row_warps warps on the same steps share x through L1. k-warps are summed in warp order through shared
 memory; with k_splits > 1 the k_splits CTAs of a thread-block cluster share the steps of one row tile, and rank 0
-adds their sums in rank order through distributed shared memory: the result is bit-identical run to run. Each product W·x is exact in fp32 and the tensor cores sum in fp32.
-On the H200 the loop is about three instructions an element, close to what the SMs can issue while the bytes stream,
-so the split is chosen to keep the most warps resident (nvfp4_gemv/linear/kernels.py; BENCHMARKS.md, "The W4A16
-linear").
+adds their sums in rank order through distributed shared memory: the result is bit-identical run to run. Each
+product W·x is exact in fp32 and the tensor cores sum in fp32. On the H200 the loop is about three instructions an
+element, close to what the SMs can issue while the bytes stream, so the split is chosen to keep the most warps
+resident (nvfp4_gemv/linear/kernels.py; BENCHMARKS.md, "The W4A16 linear").
 """
 
 from dataclasses import dataclass
@@ -62,7 +62,7 @@ class LinearW4A16Config:
     global_scale: bool = False
     sf_dtype: str = "u8"  # the scale tensor's element type as passed: "u8" or (nvfp4) "e4m3", so no view per call
     max_registers: int = 0  # 0: as ptxas likes; else a cap, so that more warps stay resident (min CTAs per SM)
-    k_splits: int = 1  # CTAs of a thread-block cluster that split K for the same rows (their sums meet in shared memory)
+    k_splits: int = 1  # CTAs of a cluster that split K for the same rows (their sums meet in shared memory)
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -484,7 +484,7 @@ class LinearW4A16:
         warp = tidx // 32
         wr = warp % cfg.row_warps
         wk = warp // cfg.row_warps
-        kq = wk if splits == 1 else split * cfg.k_warps + wk  # this warp's K lane among the cluster's k_warps x k_splits
+        kq = wk if splits == 1 else split * cfg.k_warps + wk  # this warp's K lane of the cluster's k_warps x k_splits
         k_lanes = cfg.k_warps * splits
         r = lane // 4
         c = lane % 4

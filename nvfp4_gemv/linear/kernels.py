@@ -70,14 +70,14 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1) -> tuple[int, i
 
 
 def k_splits_for(n: int, k: int, sms: int, token_tiles: int, groups: int, k_warps: int, cap: int) -> int:
-    """CTAs of a cluster that share K for one row tile, on top of choose_split's split: where that split's warps fill
-    at most half a wave (few rows, N up to about a thousand), the cluster size (2, 4 or 8) that gives each warp the
-    fewest K steps while the warps still fill at most half a wave; the smaller size on ties. Each warp then waits out
-    fewer load round trips one after another, at the price of a cluster barrier and a sum through distributed shared
-    memory. Graph-timed on the H200 (docs/linear_sweep_h200_k_splits.csv; BENCHMARKS.md, "Few rows: K split over a
-    cluster"): 128 x 16384 at M = 1 2.15 x the read with 8 CTAs a cluster, against 4.84 unsplit; 512 x 14336 2.28 with
-    4, against 3.32 unsplit and 3.05 with 8 (a whole wave); clusters that filled more than half a wave lost on 2880 x
-    2880 (1.87 against 1.73)."""
+    """CTAs of a cluster that share K for one row tile, on top of choose_split's split: the cluster size (2, 4 or 8)
+    that gives each warp the fewest K steps while the grid still fills at most half a resident wave (so only where
+    choose_split's grid fills a quarter of one or less: few rows, N up to about a thousand); the smaller size on
+    ties. Each warp then waits out fewer load round trips one after another, at the price of a cluster barrier and a
+    sum through distributed shared memory. Graph-timed on the H200 (docs/linear_sweep_h200_k_splits.csv;
+    BENCHMARKS.md, "Few rows: K split over a cluster"): 128 x 16384 at M = 1 2.15 x the read with 8 CTAs a cluster,
+    against 4.84 unsplit; 512 x 14336 2.28 with 4, against 3.32 unsplit and 3.05 with 8 (a whole wave); clusters that
+    filled more than half a wave lost on 2880 x 2880 (1.87 against 1.73)."""
     if cap:
         return 1
     steps = max(1, k // 128)
