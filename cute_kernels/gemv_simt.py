@@ -213,7 +213,10 @@ class GemvSimt(GemvLaunch):
         slab = bidx // cfg.ctas_per_slab
         r_first = (bidx % cfg.ctas_per_slab) * (cfg.rows_per_cta // 4) + ri
 
-        n_pieces = k // PIECE_K
+        # A shift: `//` on the signed Int32 k is a floor-division sequence on the prologue's critical path (k > 0).
+        # n_full keeps `//`: written as a shift too, it changed ptxas's schedule of the 4-step loops (61 -> 71
+        # registers) and made them 15-20 % slower (BENCHMARKS.md, "The prologue").
+        n_pieces = k >> (PIECE_K.bit_length() - 1)
         pieces_per_step = cfg.c_lanes * self.warps * splits
         n_full = n_pieces // pieces_per_step  # steps where every lane has a piece: no guard in the hot loop
 

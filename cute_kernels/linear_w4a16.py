@@ -370,8 +370,9 @@ class LinearW4A16:
     def sf_address(self, sf: cute.Tensor, row, s, c):
         """Byte address of this thread's first block scale of `row` at step s (nvfp4: two bytes, mxfp4: one)."""
         if const_expr(self.cfg.fmt == "nvfp4"):
+            # row, s, c >= 0: masks and shifts (`%` and `//` on a signed Int32 are floor-division sequences)
             col = s * (STEP_K // SF_VEC) + 2 * c
-            off = sf.layout(((row % 32, (row // 32) % 4, row // 128), (col % 4, col // 4), 0))
+            off = sf.layout(((row & 31, (row >> 5) & 3, row >> 7), (col & 3, col >> 2), 0))
         else:
             off = sf.layout((row, s * (STEP_K // MX_VEC) + c))
         return sf.iterator.toint() + Int64(off)
