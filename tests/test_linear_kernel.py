@@ -103,6 +103,24 @@ def test_choose_split_fills_one_wave(token_tiles):
     assert kernels.resident_warps(2, 8, 1) == 24 and kernels.resident_warps(1, 8, 1) == 32
 
 
+def test_small_weights_split_9_to_16_tokens_over_two_ctas():
+    """At 9-16 tokens a W of at most SPLIT_TOKENS_MAX_WEIGHT elements takes two 8-token CTAs along M, and the split
+    is chosen for twice the rows (docs/linear_sweep_h200_m16_t1b.csv); larger W, M <= 8 and M > 16 are as before."""
+    cap = kernels.SPLIT_TOKENS_MAX_WEIGHT
+    for n, k in [(512, 2048), (2048, 768), (2880, 2880), (1024, 4096), (896, 4864), (128, 16384)]:
+        assert n * k <= cap
+        for m in (9, 12, 16):
+            cfg = kernels.config_for(m, n, k, "nvfp4", "plain", "bf16", False, True)
+            assert cfg.token_tiles == 1, (n, k, m)
+            assert (cfg.groups, cfg.k_warps, cfg.max_registers) == kernels.choose_split(2 * n, k, 132, 1)
+        assert kernels.config_for(17, n, k, "nvfp4", "plain", "bf16", False, True).token_tiles == 2
+        assert kernels.token_tiles_for(8, n, k) == 1
+    for n, k in [(4096, 4096), (5760, 2880), (2048, 7168), (8192, 28672)]:
+        assert n * k > cap and kernels.token_tiles_for(16, n, k) == 2, (n, k)
+    assert "token_tiles=1" in kernels.describe(16, 512, 2048, "nvfp4", "bf16")
+    assert "token_tiles=2" in kernels.describe(16, 4096, 4096, "nvfp4", "bf16")
+
+
 def test_k_splits_only_where_few_rows_leave_the_gpu_idle():
     """A cluster shares K only where choose_split's warps fill at most half a wave; then it shortens each warp's K
     steps and keeps the grid within half a wave (docs/linear_sweep_h200_k_splits.csv)."""
@@ -275,6 +293,26 @@ def test_k_split_over_a_cluster(splits, fmt, layout):
     one = _run(xi, w.cuda(), scale.cuda(), fmt, layout, k_warps=k_warps)
     split = _run(xi, w.cuda(), scale.cuda(), fmt, layout, k_warps=k_warps, k_splits=k_splits)
     assert torch.equal(one.view(torch.int16), split.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,layout", LAYOUTS)
+@pytest.mark.parametrize("n,k", [(200, 2880 + 64), (128, 8192)], ids=["plain-grid", "cluster"])
+def test_9_to_16_tokens_over_two_ctas(fmt, layout, n, k):
+    """The dispatched config at M = 9, 12 and 16 on small W (two 8-token CTAs along M; on the long-K shape also a
+    cluster along N) against the reference; then M = 40 and 5 through the same bound launch, which keeps one plan
+    a token class."""
+    w, scale, plain = _operands(n, k, fmt, layout)
+    w, scale = w.cuda(), scale.cuda()
+    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
+    assert kernels.token_tiles_for(16, n, k) == 1
+    assert (kernels.config_for(12, n, k, fmt, layout, "bf16", False, gs is not None).k_splits > 1) == (k == 8192)
+    launch = kernels.bind(n, k, torch.device("cuda"), torch.bfloat16, scale.dtype, fmt, layout, gs is not None, False)
+    for m in (9, 12, 16, 40, 5):
+        x = torch.randn(m, k).to(torch.bfloat16).cuda()
+        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+        launch(y, x, w, scale, gs, None)
+        _check(y, x, w, plain, fmt, gs)
 
 
 @pytest.mark.gpu

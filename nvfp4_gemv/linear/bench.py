@@ -77,12 +77,15 @@ def sweep(configs=None, shapes=SHAPES, tokens=TOKENS, formats=("nvfp4",), csv_pa
     """µs per call of each config override (a dict of kernel config fields; {} is the dispatched config) at every
     (shape, M, format), with the read of the same bytes: the data behind the launcher's choice. configs None: at
     each M, `sweep_configs` of the token tiles that M takes."""
+    from nvfp4_gemv.linear import kernels
+
     rows = []
     for n, k in shapes:
         for fmt in formats:
             read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt)))
             for m in tokens:
-                for ov in configs if configs is not None else sweep_configs(1 if m <= 8 else 2):
+                tiles = kernels.token_tiles_for(m, n, k)
+                for ov in configs if configs is not None else sweep_configs(tiles):
                     t = _time(lambda: ours(n, k, m, fmt, **ov))
                     name = " ".join(f"{a}={b}" for a, b in ov.items()) or "dispatched"
                     rows.append(dict(n=n, k=k, m=m, fmt=fmt, config=name, read_us=read, us=t, ratio=t / read))

@@ -91,15 +91,31 @@ def k_splits_for(n: int, k: int, sms: int, token_tiles: int, groups: int, k_warp
     return best
 
 
+# At 9-16 tokens, W of at most this many elements (4 MB of codes) is read by two CTAs of 8 tokens each rather than one
+# CTA of 16: twice the warps for the grid, each CTA decoding W for its own tokens, the second read mostly from L2.
+# Graph-timed on the H200 (docs/linear_sweep_h200_m16_t1b.csv, M = 12 and 16): 7-22 % faster on the eleven shapes
+# up to 2048 x 7168 (14.7 M elements; 512 x 2048 2.52 -> 2.02 x the read, 1024 x 4096 2.84 -> 2.25, 2880 x 2880
+# 2.32 -> 2.15), 11-15 % slower on 4096 x 4096 and 5760 x 2880 (16.6-16.8 M), where the doubled decode costs more
+# than the warps gain. The cut sits at half the smallest loss, below the largest win measured.
+SPLIT_TOKENS_MAX_WEIGHT = 1 << 23
+
+
+def token_tiles_for(m: int, n: int, k: int) -> int:
+    """8-token MMA tiles a CTA takes: one up to M = 8; one (two CTAs along M) up to M = 16 where W is small; else
+    two (16 tokens a CTA)."""
+    return 1 if m <= 8 or (m <= 16 and n * k <= SPLIT_TOKENS_MAX_WEIGHT) else 2
+
+
 def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str, bias: bool, global_scale: bool,
                sms: int = H200_SMS, **override):
-    """The kernel config for one call shape: 8 tokens a CTA up to M = 8, else 16; the split from choose_split, and
-    K split over a cluster from k_splits_for."""
-    token_tiles = 1 if m <= 8 else 2
-    groups, k_warps, cap = choose_split(n, k, sms, token_tiles)
+    """The kernel config for one call shape: the token tiles from token_tiles_for, the split from choose_split, and
+    K split over a cluster from k_splits_for; both see the CTAs along M as more rows."""
+    token_tiles = token_tiles_for(m, n, k)
+    rows = n * (2 if 8 < m <= 16 and token_tiles == 1 else 1)
+    groups, k_warps, cap = choose_split(rows, k, sms, token_tiles)
     # An override of the split (sweeps, tests) means that split on its own, unless it names k_splits too.
     own = any(f in override for f in ("groups", "k_warps", "max_registers", "token_tiles"))
-    splits = 1 if own else k_splits_for(n, k, sms, token_tiles, groups, k_warps, cap)
+    splits = 1 if own else k_splits_for(rows, k, sms, token_tiles, groups, k_warps, cap)
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap,
                k_splits=splits)
@@ -132,7 +148,7 @@ def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_globa
 def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
     """The launch of one call signature (everything but M and the data): `launch(out2d, x2d, weight_u8, scale,
     global_scale, bias)`. A call costs the size check (M enters it), one dict lookup and the TVM-FFI launch; the
-    config is chosen and compiled on the first call with M <= 8 and the first with M > 8."""
+    config is chosen and compiled on the first call of each token class (M <= 8, 9-16, more; see token_tiles_for)."""
     plans = {}
 
     def launch(out2d, x2d, weight_u8, scale, global_scale, bias):
@@ -140,9 +156,10 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
         if not LinearW4A16.can_implement(m, n, k):
             raise ValueError(f"fp4_linear: (M, N, K) = ({m}, {n}, {k}) is too large or malformed for the kernel: "
                              f"{LinearW4A16.can_implement.__doc__} Split the call along M or N.")
-        plan = plans.get(m <= 8)
+        tokens = (m <= 8, m <= 16)
+        plan = plans.get(tokens)
         if plan is None:
-            plan = plans[m <= 8] = plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout,
+            plan = plans[tokens] = plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout,
                                             has_global_scale, has_bias, **override)
         fn, gs_dummy, bias_dummy = plan
         fn(x2d, weight_u8, scale, out2d, gs_dummy if global_scale is None else global_scale,
