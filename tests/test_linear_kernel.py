@@ -297,7 +297,7 @@ def test_k_split_over_a_cluster(splits, fmt, layout):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,layout", LAYOUTS)
-@pytest.mark.parametrize("n,k", [(200, 2880 + 64), (128, 8192)], ids=["plain-grid", "cluster"])
+@pytest.mark.parametrize("n,k", [(1200, 2944 + 64), (128, 8192)], ids=["plain-grid", "cluster"])
 def test_9_to_16_tokens_over_two_ctas(fmt, layout, n, k):
     """The dispatched config at M = 9, 12 and 16 on small W (two 8-token CTAs along M; on the long-K shape also a
     cluster along N) against the reference; then M = 40 and 5 through the same bound launch, which keeps one plan
