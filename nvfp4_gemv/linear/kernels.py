@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels.compile import compile_kernel, raw_function
-from cute_kernels.linear_w4a16 import LinearW4A16, LinearW4A16Config
+from cute_kernels.linear_w4a16 import STEP_K, LinearW4A16, LinearW4A16Config
 from cute_kernels.targets import target
 from cute_kernels.tc_workspace import capability, sm_count
 from nvfp4_gemv.dispatch import MAX_CTAS_PER_SM, REGISTER_FILE, ctas_per_sm
@@ -38,6 +38,16 @@ def resident_warps(groups: int, k_warps: int, token_tiles: int, cap: int = 0) ->
     return ctas_per_sm(cap or REGISTERS[(groups, token_tiles)], k_warps) * k_warps
 
 
+def k_steps(k: int) -> int:
+    """128-K steps of a row (at least one: K = 64 is one partial step)."""
+    return max(1, k // STEP_K)
+
+
+def grid_warps(n: int, groups: int, k_warps: int) -> int:
+    """Warps of the grid for N rows: a CTA of k_warps warps per row tile of 16 x groups rows."""
+    return -(-n // (16 * groups)) * k_warps
+
+
 def candidates(token_tiles: int):
     """(groups, k_warps, register cap or 0) the launcher may choose from."""
     for groups, k_warps in SPLITS:
@@ -51,14 +61,14 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1) -> tuple[int, i
     """(groups, k_warps, register cap) for N rows of K: the most warps that fit one resident wave, with the k-warps
     at least 3/4 busy (K's steps over k_warps x the most steps a k-warp takes); where none fits (very large N), the
     fewest waves."""
-    steps = max(1, k // 128)
+    steps = k_steps(k)
     best, best_key = None, None
     fewest, fewest_waves = None, None
     for groups, k_warps, cap in candidates(token_tiles):
         wave = resident_warps(groups, k_warps, token_tiles, cap) * sms
         if wave == 0:
             continue
-        warps = -(-n // (16 * groups)) * k_warps
+        warps = grid_warps(n, groups, k_warps)
         if cap == 0 and (fewest_waves is None or warps / wave < fewest_waves):
             fewest, fewest_waves = (groups, k_warps, cap), warps / wave
         if 4 * steps < 3 * k_warps * -(-steps // k_warps):
@@ -80,9 +90,9 @@ def k_splits_for(n: int, k: int, sms: int, token_tiles: int, groups: int, k_warp
     filled more than half a wave lost on 2880 x 2880 (1.87 against 1.73)."""
     if cap:
         return 1
-    steps = max(1, k // 128)
+    steps = k_steps(k)
     wave = resident_warps(groups, k_warps, token_tiles) * sms
-    warps = -(-n // (16 * groups)) * k_warps
+    warps = grid_warps(n, groups, k_warps)
     best, best_steps = 1, -(-steps // k_warps)
     for s in (2, 4, 8):
         per_warp = -(-steps // (k_warps * s))
@@ -111,7 +121,7 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     """The kernel config for one call shape: the token tiles from token_tiles_for, the split from choose_split, and
     K split over a cluster from k_splits_for; both see the CTAs along M as more rows."""
     token_tiles = token_tiles_for(m, n, k)
-    rows = n * (2 if 8 < m <= 16 and token_tiles == 1 else 1)
+    rows = n * (2 if m > 8 and token_tiles == 1 else 1)  # 9-16 tokens: two CTAs along M
     groups, k_warps, cap = choose_split(rows, k, sms, token_tiles)
     # An override of the split (sweeps, tests) means that split on its own, unless it names k_splits too.
     own = any(f in override for f in ("groups", "k_warps", "max_registers", "token_tiles"))
