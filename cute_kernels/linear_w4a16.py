@@ -63,6 +63,7 @@ class LinearW4A16Config:
     sf_dtype: str = "u8"  # the scale tensor's element type as passed: "u8" or (nvfp4) "e4m3", so no view per call
     max_registers: int = 0  # 0: as ptxas likes; else a cap, so that more warps stay resident (min CTAs per SM)
     k_splits: int = 1  # CTAs of a cluster that split K for the same rows (their sums meet in shared memory)
+    m_major: bool = False  # token tiles on the grid's x (consecutive CTAs share W's rows through L2), for M > 16
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -81,6 +82,8 @@ class LinearW4A16Config:
             raise ValueError(f"sf_dtype must be 'u8' or (nvfp4) 'e4m3', got {self.sf_dtype!r} for {self.fmt}")
         if self.k_splits not in (1, 2, 4, 8) or (self.k_splits > 1 and self.max_registers):
             raise ValueError(f"k_splits must be 1, 2, 4 or 8 (a portable cluster), and uncapped, got {self}")
+        if self.m_major and self.k_splits > 1:
+            raise ValueError(f"m_major takes no cluster (k_splits = 1), got {self}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
                                    or not 2 <= self.min_ctas_per_sm() <= 32):
             raise ValueError(f"max_registers must be 0 or a multiple of 8 in 24..248 at which 2 to 32 CTAs fill the "
@@ -286,6 +289,46 @@ def e8m0_to_bf16x2(s, *, loc=None, ip=None) -> Uint32:
     )
 
 
+@cute.jit
+def sf_address(sf: cute.Tensor, fmt: str, row, col):
+    """Byte address of the block scale of `row` at scale column `col` (NVFP4: a 16-element block, through the
+    plain or permuted layout; MXFP4: a 32-element block, plain)."""
+    if const_expr(fmt == "nvfp4"):
+        # row, col >= 0: masks and shifts (`%` and `//` on a signed Int32 are floor-division sequences)
+        off = sf.layout(((row & 31, (row >> 5) & 3, row >> 7), (col & 3, col >> 2), 0))
+    else:
+        off = sf.layout((row, col))
+    return sf.iterator.toint() + Int64(off)
+
+
+@cute.jit
+def scale_multipliers(fmt: str, dtype: str, bits):
+    """The multiplier pairs of one row's two 16-element blocks (NVFP4, `bits` = their two e4m3 bytes) or one
+    32-element block (MXFP4, `bits` = its e8m0 byte), in `dtype`, with NVFP4's scale fold (NV_FOLD):
+    (for words 0-1, for words 2-3) of a 32-code piece."""
+    if const_expr(fmt == "mxfp4"):
+        sc = e8m0_to_bf16x2(bits)
+        return sc, sc
+    h2 = e4m3x2_to_f16x2(bits)
+    if const_expr(dtype == "fp16"):
+        h2 = mul_x2(h2, Uint32(F16_2_6), "fp16")
+        return prmt(h2, h2, 0x1010), prmt(h2, h2, 0x3232)
+    return f16_half_to_bf16x2(h2, 0, NV_FOLD["bf16"]), f16_half_to_bf16x2(h2, 1, NV_FOLD["bf16"])
+
+
+@cute.jit
+def scale_codes(fmt: str, dtype: str, placed, multiplier):
+    """Four placed pairs of one word (decode_word) times one block's multiplier pair (scale_multipliers): code ·
+    scale, times 2^-8 for NVFP4 in bf16 (the fold's remainder, `output_factor`)."""
+    out = list(placed)
+    for i in cutlass.range_constexpr(4):
+        v = out[i]
+        if const_expr(fmt == "mxfp4"):
+            v = mul_x2(v, Uint32(BF16_2_126), "bf16")
+        out[i] = mul_x2(v, multiplier, dtype)
+    return out
+
+
 class LinearW4A16:
     def __init__(self, config: LinearW4A16Config, target=None):
         self.cfg = config
@@ -344,7 +387,10 @@ class LinearW4A16:
             sf = cute.make_tensor(cute.recast_ptr(mSF.iterator, dtype=Uint8),
                                   cute.make_layout((n, k // MX_VEC), stride=(k // MX_VEC, 1)))
         n_tiles = (n + cfg.rows_per_cta - 1) // cfg.rows_per_cta
-        grid = [n_tiles * cfg.k_splits, (m + cfg.tokens_per_cta - 1) // cfg.tokens_per_cta, 1]
+        m_tiles = (m + cfg.tokens_per_cta - 1) // cfg.tokens_per_cta
+        grid = [n_tiles * cfg.k_splits, m_tiles, 1]
+        if const_expr(cfg.m_major):
+            grid = [m_tiles, n_tiles, 1]
         shape = dict(grid=grid, block=[cfg.threads, 1, 1])
         if const_expr(cfg.k_splits > 1):
             shape["cluster"] = [cfg.k_splits, 1, 1]  # consecutive CTAs: one row tile, K split over them
@@ -367,22 +413,16 @@ class LinearW4A16:
         )
 
     @cute.jit
-    def sf_address(self, sf: cute.Tensor, row, s, c):
-        """Byte address of this thread's first block scale of `row` at step s (nvfp4: two bytes, mxfp4: one)."""
-        if const_expr(self.cfg.fmt == "nvfp4"):
-            # row, s, c >= 0: masks and shifts (`%` and `//` on a signed Int32 are floor-division sequences)
-            col = s * (STEP_K // SF_VEC) + 2 * c
-            off = sf.layout(((row & 31, (row >> 5) & 3, row >> 7), (col & 3, col >> 2), 0))
-        else:
-            off = sf.layout((row, s * (STEP_K // MX_VEC) + c))
-        return sf.iterator.toint() + Int64(off)
-
-    @cute.jit
     def load_scales(self, rS, sf, s, rows, c):
+        """This thread's block scales of step s for each of its rows (NVFP4: two bytes, MXFP4: one)."""
         cfg = self.cfg
+        if const_expr(cfg.fmt == "nvfp4"):
+            col = s * (STEP_K // SF_VEC) + 2 * c
+        else:
+            col = s * (STEP_K // MX_VEC) + c
         for g in cutlass.range_constexpr(cfg.groups):
             for h in cutlass.range_constexpr(2):
-                addr = self.sf_address(sf, rows[g, h], s, c)
+                addr = sf_address(sf, cfg.fmt, rows[g, h], col)
                 rS[h, g] = ld_global_nc(addr, 16 if cfg.fmt == "nvfp4" else 8)
 
     @cute.jit
@@ -415,19 +455,6 @@ class LinearW4A16:
                     rS[h, g] = Uint32(0x3838)  # any finite scale: the codes are zero
 
     @cute.jit
-    def scale_pairs(self, bits):
-        """The multiplier pairs of one row's step: (for words 0-1, for words 2-3) in the MMA dtype, folded."""
-        cfg = self.cfg
-        if const_expr(cfg.fmt == "mxfp4"):
-            sc = e8m0_to_bf16x2(bits)
-            return sc, sc
-        h2 = e4m3x2_to_f16x2(bits)
-        if const_expr(cfg.mma_dtype == "fp16"):
-            h2 = mul_x2(h2, Uint32(F16_2_6), "fp16")
-            return prmt(h2, h2, 0x1010), prmt(h2, h2, 0x3232)
-        return f16_half_to_bf16x2(h2, 0, NV_FOLD["bf16"]), f16_half_to_bf16x2(h2, 1, NV_FOLD["bf16"])
-
-    @cute.jit
     def compute_step(self, regs, acc):
         cfg = self.cfg
         dt = cfg.mma_dtype
@@ -453,15 +480,10 @@ class LinearW4A16:
                         tile.append(((b0, b1),))
             xb.append(tile)
         for g in cutlass.range_constexpr(cfg.groups):
-            sc = [self.scale_pairs(rS[h, g]) for h in range(2)]  # sc[half][word // 2]
+            sc = [scale_multipliers(cfg.fmt, dt, rS[h, g]) for h in range(2)]  # sc[half][word // 2]
             for w in cutlass.range_constexpr(4):
                 dec = [decode_word(rW[w, h, g], dt) for h in range(2)]
-                for h in cutlass.range_constexpr(2):
-                    for i in cutlass.range_constexpr(4):
-                        v = dec[h][i]
-                        if const_expr(cfg.fmt == "mxfp4"):
-                            v = mul_x2(v, Uint32(BF16_2_126), "bf16")
-                        dec[h][i] = mul_x2(v, sc[h][w // 2], dt)
+                dec = [scale_codes(cfg.fmt, dt, dec[h], sc[h][w // 2]) for h in range(2)]
                 for jj in cutlass.range_constexpr(2):
                     a = (dec[0][2 * jj], dec[1][2 * jj], dec[0][2 * jj + 1], dec[1][2 * jj + 1])
                     for t in cutlass.range_constexpr(cfg.token_tiles):
@@ -476,6 +498,8 @@ class LinearW4A16:
         cfg = self.cfg
         tidx, _, _ = cute.arch.thread_idx()
         bidx, bidy, _ = cute.arch.block_idx()
+        if const_expr(cfg.m_major):
+            bidx, bidy = bidy, bidx  # bidx: the row tile, bidy: the token tile, as in the default grid
         splits = cfg.k_splits
         split = 0
         if const_expr(splits > 1):

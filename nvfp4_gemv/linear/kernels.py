@@ -14,6 +14,7 @@ from cute_kernels.linear_w4a16 import STEP_K, LinearW4A16, LinearW4A16Config
 from cute_kernels.targets import target
 from cute_kernels.tc_workspace import capability, sm_count
 from nvfp4_gemv.dispatch import MAX_CTAS_PER_SM, REGISTER_FILE, ctas_per_sm
+from nvfp4_gemv.linear import prefill
 
 SCALE_LAYOUTS = {"plain": "plain", "swizzled": "permuted"}  # the linear's names -> the kernel's sf_kind
 _X_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -116,19 +117,34 @@ def token_tiles_for(m: int, n: int, k: int) -> int:
     return 1 if m <= 8 or (m <= 16 and n * k <= SPLIT_TOKENS_MAX_WEIGHT) else 2
 
 
+# From 33 tokens (three 16-token tiles) on a W larger than this, the grid runs token tiles fastest (m_major), so the
+# CTAs that read the same rows of W run together and share them through the L2, where row tiles first would stream
+# W from DRAM once per token tile. Graph-timed on the H200 (docs/linear_h200_prefill3.csv, M = 33-127): 6-16 %
+# faster on 8192 x 28672 and 28672 x 4096 (117 and 59 MB), equal or up to 8 % slower on W of 29 MB and less, which
+# the 50 MB L2 holds either way.
+M_MAJOR_MIN_WEIGHT_BYTES = 48 << 20
+
+
+def m_major_for(m: int, n: int, k: int, rows_per_cta: int) -> bool:
+    """Whether the grid runs token tiles fastest (the row tiles then go on the grid's y, at most 65535)."""
+    return m > 32 and n * k // 2 > M_MAJOR_MIN_WEIGHT_BYTES and -(-n // rows_per_cta) <= 65535
+
+
 def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str, bias: bool, global_scale: bool,
                sms: int = H200_SMS, **override):
     """The kernel config for one call shape: the token tiles from token_tiles_for, the split from choose_split, and
-    K split over a cluster from k_splits_for; both see the CTAs along M as more rows."""
+    K split over a cluster from k_splits_for; both see the CTAs along M as more rows. Past 32 tokens, the grid's
+    order from m_major_for."""
     token_tiles = token_tiles_for(m, n, k)
     rows = n * (2 if m > 8 and token_tiles == 1 else 1)  # 9-16 tokens: two CTAs along M
     groups, k_warps, cap = choose_split(rows, k, sms, token_tiles)
     # An override of the split (sweeps, tests) means that split on its own, unless it names k_splits too.
     own = any(f in override for f in ("groups", "k_warps", "max_registers", "token_tiles"))
     splits = 1 if own else k_splits_for(rows, k, sms, token_tiles, groups, k_warps, cap)
+    m_major = splits == 1 and m_major_for(m, n, k, 16 * override.get("groups", groups))
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap,
-               k_splits=splits)
+               k_splits=splits, m_major=m_major)
     cfg.update(override)
     return LinearW4A16Config(**cfg)
 
@@ -158,7 +174,9 @@ def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_globa
 def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
     """The launch of one call signature (everything but M and the data): `launch(out2d, x2d, weight_u8, scale,
     global_scale, bias)`. A call costs the size check (M enters it), one dict lookup and the TVM-FFI launch; the
-    config is chosen and compiled on the first call of each token class (M <= 8, 9-16, more; see token_tiles_for)."""
+    config is chosen and compiled on the first call of each token class (M <= 8, 9-16, 17-32, more; see
+    token_tiles_for and m_major_for). From prefill.PREFILL_MIN_TOKENS tokens (not with `override`, which names a
+    config of the fp4 kernel) the call goes to the dequantize-and-GEMM path instead (nvfp4_gemv/linear/prefill.py)."""
     plans = {}
 
     def launch(out2d, x2d, weight_u8, scale, global_scale, bias):
@@ -166,7 +184,13 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
         if not LinearW4A16.can_implement(m, n, k):
             raise ValueError(f"fp4_linear: (M, N, K) = ({m}, {n}, {k}) is too large or malformed for the kernel: "
                              f"{LinearW4A16.can_implement.__doc__} Split the call along M or N.")
-        tokens = (m <= 8, m <= 16)
+        if not override and prefill.takes(m, fmt, x_dtype):
+            run_many = plans.get("prefill")
+            if run_many is None:
+                run_many = plans["prefill"] = prefill.bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout)
+            run_many(out2d, x2d, weight_u8, scale, global_scale, bias)
+            return
+        tokens = (m <= 8, m <= 16, m <= 32)
         plan = plans.get(tokens)
         if plan is None:
             plan = plans[tokens] = plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout,
@@ -192,10 +216,14 @@ def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layou
     if device is not None and torch.device(device).type == "cuda":
         dev = torch.device(device)
         sms = sm_count(dev.index if dev.index is not None else torch.cuda.current_device())
+    if prefill.takes(m, fmt, xd):
+        return (f"dequantize_fp4 {fmt} -> {xd} in chunks of at most {prefill.chunk_rows(n, k)} rows, then cuBLAS "
+                f"(torch.mm, fp32 sums): M >= {prefill.PREFILL_MIN_TOKENS}")
     cfg = config_for(m, n, k, fmt, scale_layout, xd, False, False, sms)
     path = "tensor cores (mma.sync m16n8k16)" + (", x as bf16 hi+lo" if cfg.split_x else "")
     tiles = -(-m // cfg.tokens_per_cta)
-    note = "" if m <= 16 else f"; M > 16: {tiles} token tiles of {cfg.tokens_per_cta}, W read once per tile"
+    note = "" if m <= 16 else (f"; M > 16: {tiles} token tiles of {cfg.tokens_per_cta}, W decoded once per tile"
+                               + (", token tiles fastest (m_major)" if cfg.m_major else ""))
     return (f"linear_w4a16 {fmt} {xd}: {path}, {cfg.mma_dtype} MMA, groups={cfg.groups} row_warps={cfg.row_warps} "
             f"k_warps={cfg.k_warps} token_tiles={cfg.token_tiles}"
             + (f" k_splits={cfg.k_splits} (a cluster)" if cfg.k_splits > 1 else "")
