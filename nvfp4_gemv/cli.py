@@ -324,7 +324,13 @@ def _cmd_sweep(args) -> int:
         from nvfp4_gemv.linear import bench as LB
 
         args.out.mkdir(exist_ok=True)
-        LB.sweep(tokens=args.tokens, formats=args.formats, csv_path=args.out / "linear_sweep.csv",
+        if args.many_tokens:
+            LB.many_tokens_sweep(tokens=args.tokens or (33, 64, 96, 128, 192, 256, 512), fmt=args.formats[0],
+                                 csv_path=args.out / "linear_many_tokens.csv",
+                                 log=lambda s: print(s, flush=True))
+            print(f"wrote {args.out / 'linear_many_tokens.csv'}")
+            return 0
+        LB.sweep(tokens=args.tokens or (1, 4, 8, 16), formats=args.formats, csv_path=args.out / "linear_sweep.csv",
                  log=lambda s: print(s, flush=True))
         print(f"wrote {args.out / 'linear_sweep.csv'}")
         return 0
@@ -435,7 +441,12 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--linear", action="store_true",
                    help="the W4A16 linear instead: every split its launcher chooses from (nvfp4_gemv.linear.bench."
                         "sweep_configs) on its shapes; writes linear_sweep.csv")
-    w.add_argument("--tokens", nargs="+", type=_positive_int, default=[1, 4, 8, 16], help="--linear: token counts M")
+    w.add_argument("--many-tokens", action="store_true",
+                   help="--linear: past 16 tokens, the fp4 kernel in both grid orders against the dequantize-and-GEMM "
+                        "path and cuBLAS bf16 (the data behind PREFILL_MIN_TOKENS and m_major); writes "
+                        "linear_many_tokens.csv")
+    w.add_argument("--tokens", nargs="+", type=_positive_int, default=None,
+                   help="--linear: token counts M (default 1 4 8 16; with --many-tokens 33 64 96 128 192 256 512)")
     w.add_argument("--formats", nargs="+", choices=("nvfp4", "mxfp4"), default=["nvfp4"], help="--linear: formats")
     w.set_defaults(func=_cmd_sweep)
 

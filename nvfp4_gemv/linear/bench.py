@@ -95,6 +95,72 @@ def sweep(configs=None, shapes=SHAPES, tokens=TOKENS, formats=("nvfp4",), csv_pa
     return rows
 
 
+MANY_TOKENS_SHAPES = ((8192, 28672), (28672, 4096), (4096, 14336), (4096, 4096), (5760, 2880), (2880, 2880),
+                      (2048, 768))
+
+
+def chunked(n, k, m, fmt, dtype=torch.bfloat16):
+    """The dequantize-and-GEMM path (nvfp4_gemv/linear/prefill.py) at any M, as the op runs it from
+    PREFILL_MIN_TOKENS tokens."""
+    from nvfp4_gemv.linear import prefill
+
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    pool = _pool(lambda: random_weights(n, k, fmt), weight_bytes(n, k, fmt))
+    run = prefill.bind(n, k, x.device, dtype, pool[0][1].dtype, fmt, "plain")
+    y = torch.empty(m, n, device="cuda", dtype=dtype)
+    gs = torch.full((1,), 0.5, device="cuda") if fmt == "nvfp4" else None
+    return (lambda d: run(y, x, d[0], d[1], gs, None)), pool
+
+
+def dequant_chunk(n, k, fmt):
+    """One chunk of the dequantizer alone (as many rows as prefill.chunk_rows gives), for its bytes a second."""
+    from cute_kernels.compile import compile_kernel, raw_function
+    from cute_kernels.dequant_fp4 import DequantFp4, DequantFp4Config
+    from cute_kernels.targets import target
+    from cute_kernels.tc_workspace import capability
+    from nvfp4_gemv.linear import prefill
+
+    rows = min(prefill.chunk_rows(n, k), n)
+    pool = _pool(lambda: random_weights(rows, k, fmt), weight_bytes(rows, k, fmt))
+    cfg = DequantFp4Config(fmt=fmt, sf_dtype="e4m3" if fmt == "nvfp4" else "u8")
+    fn = raw_function(compile_kernel(DequantFp4, cfg, target(capability(torch.device("cuda"))), stream="torch"))
+    out = torch.empty(rows, k, dtype=torch.bfloat16, device="cuda")
+    return (lambda d: fn(d[0], d[1], out)), pool
+
+
+def many_tokens_sweep(shapes=MANY_TOKENS_SHAPES, tokens=(33, 64, 96, 128, 192, 256, 512), fmt="nvfp4", csv_path=None,
+                      log=print):
+    """Past 16 tokens, µs per call of: the fp4 kernel with the launcher's split in both grid orders (m_major off
+    and on), the dequantize-and-GEMM path, and cuBLAS bf16 on a ready bf16 weight; with the read of the fp4 bytes
+    and, per shape, one dequantized chunk alone (its reads and writes a second)."""
+    from nvfp4_gemv.linear import kernels, prefill
+
+    rows = []
+    for n, k in shapes:
+        read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt)))
+        r = min(prefill.chunk_rows(n, k), n)
+        t = _time(lambda: dequant_chunk(n, k, fmt))
+        tb_s = (weight_bytes(r, k, fmt) + 2 * r * k) / t / 1e6
+        rows.append(dict(n=n, k=k, m=0, variant=f"dequantize one chunk of {r} rows", read_us=read, us=t,
+                         ratio=t / read))
+        log(f"{n:>6}x{k:<6} dequantize {r} rows: {t:.2f} us, {tb_s:.2f} TB/s of reads and writes")
+        for m in tokens:
+            cfg = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4")
+            split = dict(groups=cfg.groups, k_warps=cfg.k_warps, max_registers=cfg.max_registers, k_splits=1)
+            res = {
+                "fp4 kernel, row tiles first": _time(lambda: ours(n, k, m, fmt, **split, m_major=False)),
+                "fp4 kernel, token tiles first": _time(lambda: ours(n, k, m, fmt, **split, m_major=True)),
+                "dequantize + cuBLAS": _time(lambda: chunked(n, k, m, fmt)),
+                "cuBLAS bf16 alone": _time(lambda: cublas(n, k, m)),
+            }
+            for name, t in res.items():
+                rows.append(dict(n=n, k=k, m=m, variant=name, read_us=read, us=t, ratio=t / read))
+            log(f"{n:>6}x{k:<6} {m:>5} read {read:7.2f}  " + "  ".join(f"{a}: {b:8.2f}" for a, b in res.items()))
+    if csv_path:
+        write_csv(rows, csv_path)
+    return rows
+
+
 def quack(n, k, m, fmt):
     from quack.gemm_w4 import gemm_w4a16, prepare_w4_weight
 

@@ -119,7 +119,7 @@ def token_tiles_for(m: int, n: int, k: int) -> int:
 
 # From 33 tokens (three 16-token tiles) on a W larger than this, the grid runs token tiles fastest (m_major), so the
 # CTAs that read the same rows of W run together and share them through the L2, where row tiles first would stream
-# W from DRAM once per token tile. Graph-timed on the H200 (docs/linear_h200_prefill3.csv, M = 33-127): 6-16 %
+# W from DRAM once per token tile. Graph-timed on the H200 (docs/linear_h200_many_tokens.csv, M = 33-127): 6-17 %
 # faster on 8192 x 28672 and 28672 x 4096 (117 and 59 MB), equal or up to 8 % slower on W of 29 MB and less, which
 # the 50 MB L2 holds either way.
 M_MAJOR_MIN_WEIGHT_BYTES = 48 << 20

@@ -20,9 +20,10 @@ from cute_kernels.dequant_fp4 import MAX_ROWS, DequantFp4, DequantFp4Config
 from cute_kernels.targets import target
 from cute_kernels.tc_workspace import capability
 
-# Graph-timed on the H200 (docs/linear_h200_prefill3.csv, NVFP4, bf16 x, seven shapes, M = 33-512): this path beats
-# the fp4 kernel from M = 64-96 on 4096 x 4096, 5760 x 2880, 2880 x 2880 and 4096 x 14336, from 128 on 8192 x 28672
-# and 28672 x 4096, and from 192 on 2048 x 768; at 128 it loses only there (11.1 against 9.8 µs).
+# Graph-timed on the H200 (`nvfp4-gemv sweep --linear --many-tokens`, docs/linear_h200_many_tokens.csv, NVFP4, bf16
+# x, seven shapes, M = 33-512): this path beats the fp4 kernel from M = 64-96 on 4096 x 4096, 5760 x 2880, 2880 x 2880
+# and 4096 x 14336, from 128 on 8192 x 28672 and 28672 x 4096, and from 192 on 2048 x 768; at 128 it loses only
+# there (11.0 against 9.9 µs).
 PREFILL_MIN_TOKENS = 128
 CHUNK_BYTES = 64 << 20
 _OUT_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
