@@ -377,7 +377,7 @@ def _assert_kernel_close(y, a):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,scale_layout", LAYOUTS)
-@pytest.mark.parametrize("m", [1, 3, 16, 33])
+@pytest.mark.parametrize("m", [1, 3, 16, 33, 130])
 @pytest.mark.parametrize("n,k", [(130, 2880), (256, 4096), (1, 64)])
 def test_gpu_matches_reference(fmt, scale_layout, m, n, k):
     a = _cuda(operands(fmt, scale_layout, n=n, k=k, lead=(m,))[0])
@@ -390,8 +390,9 @@ def test_gpu_matches_reference(fmt, scale_layout, m, n, k):
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_graph_and_compile():
-    a = _cuda(operands(lead=(4,), n=256, k=512)[0])
+@pytest.mark.parametrize("m", [4, 160], ids=["fp4 kernel", "dequantize + GEMM"])
+def test_gpu_cuda_graph_and_compile(m):
+    a = _cuda(operands(lead=(m,), n=256, k=512)[0])
     static_x = a["x"].clone()
     fp4_linear(**a)  # warm-up: compiles the kernel and caches the float global scale's tensor
     torch.cuda.synchronize()
