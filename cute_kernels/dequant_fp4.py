@@ -19,20 +19,20 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Uint8, Uint32, const_expr
+from cutlass import Int32, Uint32, const_expr
 
 from cute_kernels.linear_w4a16 import (
-    MX_VEC,
     SF_DTYPES,
     decode_word,
+    fake_weight_operands,
     ld_global_nc,
     mul_x2,
     prmt,
     scale_codes,
     scale_multipliers,
     sf_address,
+    weight_views,
 )
-from layouts.sf_cute import sf_layout_by_col
 
 THREADS = 128
 WORDS = 4  # W words (8 codes each) a thread dequantizes
@@ -81,13 +81,7 @@ class DequantFp4:
 
         n = cute.sym_int()
         k = cute.sym_int(divisibility=64)
-        kb = cute.sym_int(divisibility=32)
-        w = make_fake_tensor(Uint8, (n, kb), stride=(kb, 1), assumed_align=16)
-        if config.sf_kind == "permuted":
-            rows, cols = cute.sym_int(divisibility=128), cute.sym_int(divisibility=4)
-        else:
-            rows, cols = n, cute.sym_int(divisibility=2)
-        sf = make_fake_tensor(SF_DTYPES[config.sf_dtype], (rows, cols), stride=(cols, 1), assumed_align=16)
+        w, sf = fake_weight_operands(n, config.sf_kind, config.sf_dtype)
         odt = cutlass.BFloat16 if config.out_dtype == "bf16" else cutlass.Float16
         out = make_fake_tensor(odt, (n, k), stride=(k, 1), assumed_align=16)
         return w, sf, out
@@ -104,17 +98,10 @@ class DequantFp4:
     def build(self, mW, mSF, mOut):
         cfg = self.cfg
         n, k = mOut.shape
-        w_words = cute.make_tensor(
-            cute.recast_ptr(mW.iterator, dtype=Uint32), cute.make_layout((n, k // 8), stride=(k // 8, 1))
-        )
+        w_words, sf = weight_views(mW, mSF, cfg.fmt, cfg.sf_kind, n, k)
         out_words = cute.make_tensor(
             cute.recast_ptr(mOut.iterator, dtype=Uint32), cute.make_layout((n, k // 2), stride=(k // 2, 1))
         )
-        if const_expr(cfg.fmt == "nvfp4"):
-            sf = cute.make_tensor(cute.recast_ptr(mSF.iterator, dtype=Uint8), sf_layout_by_col(cfg.sf_kind, n, k, 1))
-        else:
-            sf = cute.make_tensor(cute.recast_ptr(mSF.iterator, dtype=Uint8),
-                                  cute.make_layout((n, k // MX_VEC), stride=(k // MX_VEC, 1)))
         per_cta = THREADS * WORDS
         shape = dict(grid=[(k // 8 + per_cta - 1) // per_cta, n, 1], block=[THREADS, 1, 1])
         return self.kernel(w_words, sf, out_words, k), shape

@@ -289,6 +289,35 @@ def e8m0_to_bf16x2(s, *, loc=None, ip=None) -> Uint32:
     )
 
 
+def fake_weight_operands(n, sf_kind: str, sf_dtype: str):
+    """Fake W (N, K/2) bytes and its scales (plain (N, K/16 or K/32), or the padded 128x4-atom buffer) as the
+    kernels that read checkpoint weights are compiled on: dynamic sizes, 16-byte aligned."""
+    from cutlass.cute.runtime import make_fake_tensor
+
+    kb = cute.sym_int(divisibility=32)
+    w = make_fake_tensor(Uint8, (n, kb), stride=(kb, 1), assumed_align=16)
+    if sf_kind == "permuted":
+        rows, cols = cute.sym_int(divisibility=128), cute.sym_int(divisibility=4)
+    else:
+        rows, cols = n, cute.sym_int(divisibility=2)
+    return w, make_fake_tensor(SF_DTYPES[sf_dtype], (rows, cols), stride=(cols, 1), assumed_align=16)
+
+
+@cute.jit
+def weight_views(mW: cute.Tensor, mSF: cute.Tensor, fmt: str, sf_kind: str, n, k):
+    """W as (N, K/8) 32-bit words (8 codes each, the lowest nibble first) and its scales as bytes in (row, scale
+    column) coordinates: NVFP4 through the `layouts/` view of the plain or permuted buffer, MXFP4 plain (N, K/32)."""
+    w_words = cute.make_tensor(
+        cute.recast_ptr(mW.iterator, dtype=Uint32), cute.make_layout((n, k // 8), stride=(k // 8, 1))
+    )
+    if const_expr(fmt == "nvfp4"):
+        sf = cute.make_tensor(cute.recast_ptr(mSF.iterator, dtype=Uint8), sf_layout_by_col(sf_kind, n, k, 1))
+    else:
+        sf = cute.make_tensor(cute.recast_ptr(mSF.iterator, dtype=Uint8),
+                              cute.make_layout((n, k // MX_VEC), stride=(k // MX_VEC, 1)))
+    return w_words, sf
+
+
 @cute.jit
 def sf_address(sf: cute.Tensor, fmt: str, row, col):
     """Byte address of the block scale of `row` at scale column `col` (NVFP4: a 16-element block, through the
@@ -348,14 +377,8 @@ class LinearW4A16:
         m, n = cute.sym_int(), cute.sym_int()
         k = cute.sym_int(divisibility=64)
         xdt = cutlass.BFloat16 if config.x_dtype == "bf16" else cutlass.Float16
-        kb = cute.sym_int(divisibility=32)
         x = make_fake_tensor(xdt, (m, k), stride=(cute.sym_int(divisibility=8), 1), assumed_align=16)
-        w = make_fake_tensor(Uint8, (n, kb), stride=(kb, 1), assumed_align=16)
-        if config.sf_kind == "permuted":
-            rows, cols = cute.sym_int(divisibility=128), cute.sym_int(divisibility=4)
-        else:
-            rows, cols = n, cute.sym_int(divisibility=2)
-        sf = make_fake_tensor(SF_DTYPES[config.sf_dtype], (rows, cols), stride=(cols, 1), assumed_align=16)
+        w, sf = fake_weight_operands(n, config.sf_kind, config.sf_dtype)
         y = make_fake_tensor(xdt, (m, n), stride=(cute.sym_int(), 1), assumed_align=2)
         gs = make_fake_tensor(Float32, (1,), stride=(1,), assumed_align=4)
         bias = make_fake_tensor(xdt, (cute.sym_int(),), stride=(1,), assumed_align=2)
@@ -378,14 +401,7 @@ class LinearW4A16:
         x_words = cute.make_tensor(
             cute.recast_ptr(mX.iterator, dtype=Uint32), cute.make_layout((m, k // 2), stride=(mX.stride[0] // 2, 1))
         )
-        w_words = cute.make_tensor(
-            cute.recast_ptr(mW.iterator, dtype=Uint32), cute.make_layout((n, k // 8), stride=(k // 8, 1))
-        )
-        if const_expr(cfg.fmt == "nvfp4"):
-            sf = cute.make_tensor(cute.recast_ptr(mSF.iterator, dtype=Uint8), sf_layout_by_col(cfg.sf_kind, n, k, 1))
-        else:
-            sf = cute.make_tensor(cute.recast_ptr(mSF.iterator, dtype=Uint8),
-                                  cute.make_layout((n, k // MX_VEC), stride=(k // MX_VEC, 1)))
+        w_words, sf = weight_views(mW, mSF, cfg.fmt, cfg.sf_kind, n, k)
         n_tiles = (n + cfg.rows_per_cta - 1) // cfg.rows_per_cta
         m_tiles = (m + cfg.tokens_per_cta - 1) // cfg.tokens_per_cta
         grid = [n_tiles * cfg.k_splits, m_tiles, 1]

@@ -1,5 +1,5 @@
-"""Registers a thread of a compiled kernel takes, as ptxas allocates them for sm_90a: for tests that check a
-dispatch model's register table against the compiler."""
+"""What the compiler makes of a kernel, for tests: the registers a thread takes as ptxas allocates them for sm_90a
+(tests that check a dispatch model's register table against the compiler), and a kernel's PTX for any arch."""
 
 import os
 import subprocess
@@ -57,3 +57,22 @@ def _elf_register_counts(data: bytes):
             else:
                 p += 4
     return counts
+
+
+def compiled_ptx(module: str, cls: str, config_kwargs: dict, arch: str, dump) -> str:
+    """The PTX of `cute_kernels.<module>.<cls>(<cls>Config(**config_kwargs))` for `arch`, compiled as the library
+    compiles it (TVM-FFI, torch's stream) in a child process (CUTE_DSL_KEEP must be set before the DSL loads)."""
+    import json
+
+    code = (
+        "import json, sys\n"
+        "from cute_kernels.compile import compile_kernel\n"
+        f"from cute_kernels.{module} import {cls}, {cls}Config\n"
+        f"cfg = {cls}Config(**json.loads({json.dumps(json.dumps(config_kwargs))}))\n"
+        f"p = compile_kernel({cls}, cfg, {arch!r}, stream='torch').__ptx__\n"
+        "sys.stdout.write(open(p).read() if p and p.endswith('.ptx') else p)\n"
+    )
+    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout

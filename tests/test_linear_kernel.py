@@ -4,15 +4,13 @@ reference's own rounding to the output dtype), one-hot probes of nibble order, s
 odd N, K = 2880, M past 16, every split the dispatcher can choose, and bit-identical results over 100 runs."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from nvfp4_gemv.linear import kernels
 from nvfp4_gemv.linear.reference import dequantize
+from registers import compiled_ptx
 
 PTX_CASES = [
     dict(fmt="nvfp4", x_dtype="bf16"),
@@ -31,19 +29,7 @@ def ptx(tmp_path_factory):
     def get(kw, arch):
         key = (json.dumps(kw, sort_keys=True), arch)
         if key not in cache:
-            dump = tmp_path_factory.mktemp("ptx")
-            code = (
-                "import json, sys\n"
-                "from cute_kernels.compile import compile_kernel\n"
-                "from cute_kernels.linear_w4a16 import LinearW4A16, LinearW4A16Config\n"
-                f"cfg = LinearW4A16Config(**json.loads({json.dumps(json.dumps(kw))}))\n"
-                f"p = compile_kernel(LinearW4A16, cfg, {arch!r}, stream='torch').__ptx__\n"
-                "sys.stdout.write(open(p).read() if p and p.endswith('.ptx') else p)\n"
-            )
-            env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump))
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-            assert out.returncode == 0, out.stderr[-3000:]
-            cache[key] = out.stdout
+            cache[key] = compiled_ptx("linear_w4a16", "LinearW4A16", kw, arch, tmp_path_factory.mktemp("ptx"))
         return cache[key]
 
     return get

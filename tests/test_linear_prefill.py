@@ -4,16 +4,12 @@ the chunking, the dequantizer's config checks and its PTX for sm_90a and sm_100a
 bit for bit against the fp32 reference's, and the path's output against the fp32 reference (error at most twice
 the reference's own rounding) on full-range data, both formats and layouts, chunked and not, and repeatable."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from nvfp4_gemv.linear import kernels, prefill
 from nvfp4_gemv.linear.reference import dequantize
+from registers import compiled_ptx
 from test_linear_kernel import DTYPES, LAYOUTS, _check, _operands, _run
 
 
@@ -104,18 +100,7 @@ DEQUANT_PTX = [dict(), dict(sf_kind="permuted", sf_dtype="e4m3"), dict(out_dtype
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("kw", DEQUANT_PTX, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()) or "default")
 def test_dequant_ptx(tmp_path, kw, arch):
-    code = (
-        "import json, sys\n"
-        "from cute_kernels.compile import compile_kernel\n"
-        "from cute_kernels.dequant_fp4 import DequantFp4, DequantFp4Config\n"
-        f"cfg = DequantFp4Config(**json.loads({json.dumps(json.dumps(kw))}))\n"
-        f"p = compile_kernel(DequantFp4, cfg, {arch!r}, stream='torch').__ptx__\n"
-        "sys.stdout.write(open(p).read() if p and p.endswith('.ptx') else p)\n"
-    )
-    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    text = out.stdout
+    text = compiled_ptx("dequant_fp4", "DequantFp4", kw, arch, tmp_path)
     # Four 128-bit stores a thread (one per 8-code word), the W words as 32-bit loads, one scale byte a word.
     assert text.count("st.global.v4") == 4
     assert text.count("ld.global.nc.u8") == 4
