@@ -17,6 +17,14 @@ mask, one multiply and one mask place both; f16 makes e4m3 bytes and converts th
 block scale multiplies the placed pair (one HMUL2), folded with the placement's power of two where it fits (the
 scale fold, NV_FOLD); the rest of that power of two, and the global scale, multiply the fp32 sum once at the end.
 
+Two K parts a row (k_parts = 2, at most 4 tokens a CTA). With 4 lanes a row the 16-byte W loads of one warp
+instruction touch 8 rows x 64 bytes, half of each 128-byte line, and the scale loads 8 rows. With k_parts = 2, MMA
+rows 2j and 2j+1 (lanes r = 2j, 2j+1) hold the same weight row, its first and second 128-K half of a 256-K step,
+so 8 lanes read each row's whole line; the MMA's 8 columns hold (token, part), 4 tokens x 2 parts, with x of that
+part. Column (t, p) times row (j, p') sums part p's x against part p' of W; only p == p' is kept, and the two parts
+of a row are added (part 0 + part 1, by a shuffle from lane r ^ 1) before the store. The loop is the same code: a
+lane's step index is 2s + p, so it loads and decodes what a one-part lane of step 2s + p would.
+
 Work split: a CTA is row_warps x k_warps warps; a warp owns `groups` 16-row groups and takes every k_warps-th step,
 so the row_warps warps on the same steps share x through L1. k-warps are summed in warp order through shared
 memory; with k_splits > 1 the k_splits CTAs of a thread-block cluster share the steps of one row tile, and rank 0
@@ -64,6 +72,7 @@ class LinearW4A16Config:
     max_registers: int = 0  # 0: as ptxas likes; else a cap, so that more warps stay resident (min CTAs per SM)
     k_splits: int = 1  # CTAs of a cluster that split K for the same rows (their sums meet in shared memory)
     m_major: bool = False  # token tiles on the grid's x (consecutive CTAs share W's rows through L2), for M > 16
+    k_parts: int = 1  # 2: each weight row on two MMA rows, two 128-K halves of a 256-K step (see K_PARTS), M <= 4
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -82,6 +91,8 @@ class LinearW4A16Config:
             raise ValueError(f"sf_dtype must be 'u8' or (nvfp4) 'e4m3', got {self.sf_dtype!r} for {self.fmt}")
         if self.k_splits not in (1, 2, 4, 8) or (self.k_splits > 1 and self.max_registers):
             raise ValueError(f"k_splits must be 1, 2, 4 or 8 (a portable cluster), and uncapped, got {self}")
+        if self.k_parts not in (1, 2) or (self.k_parts == 2 and self.token_tiles != 1):
+            raise ValueError(f"k_parts must be 1 or 2, and 2 takes one token tile (4 tokens a CTA), got {self}")
         if self.m_major and self.k_splits > 1:
             raise ValueError(f"m_major takes no cluster (k_splits = 1), got {self}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
@@ -100,12 +111,27 @@ class LinearW4A16Config:
         return self.x_dtype == "fp16" and self.mma_dtype == "bf16"
 
     @property
+    def group_rows(self) -> int:
+        """Weight rows of one 16-row MMA group (8 with two K parts a row)."""
+        return 16 // self.k_parts
+
+    @property
     def rows_per_cta(self) -> int:
-        return 16 * self.groups * self.row_warps
+        return self.group_rows * self.groups * self.row_warps
+
+    @property
+    def tile_tokens(self) -> int:
+        """Tokens of one 8-column MMA tile (4 with two K parts: the columns are (token, part))."""
+        return 8 // self.k_parts
 
     @property
     def tokens_per_cta(self) -> int:
-        return 8 * self.token_tiles
+        return self.tile_tokens * self.token_tiles
+
+    @property
+    def step_k(self) -> int:
+        """K elements of one row a warp covers per step."""
+        return STEP_K * self.k_parts
 
     @property
     def threads(self) -> int:
@@ -443,7 +469,8 @@ class LinearW4A16:
 
     @cute.jit
     def load_step(self, regs, x_words, w_words, sf, s, rows, toks, c, live):
-        """Load step s into registers: 16 bytes of W and the scales per row, 64 bytes of x per token."""
+        """Load 128-K step s (of this lane's part) into registers: 16 bytes of W and the scales per row, 64 bytes of x
+        per token."""
         cfg = self.cfg
         rW, rX, rS = regs
         if live:
@@ -529,24 +556,26 @@ class LinearW4A16:
         k_lanes = cfg.k_warps * splits
         r = lane // 4
         c = lane % 4
-        row0 = bidx * cfg.rows_per_cta + wr * (16 * cfg.groups)
+        kp = cfg.k_parts
+        part = r % kp  # this lane's K part (its MMA row of W and its MMA column of x)
+        row0 = bidx * cfg.rows_per_cta + wr * (cfg.group_rows * cfg.groups)
         rows = cute.make_rmem_tensor(cute.make_layout((cfg.groups, 2)), Int32)
         for g in cutlass.range_constexpr(cfg.groups):
             for h in cutlass.range_constexpr(2):
-                rows[g, h] = cutlass.min(row0 + 16 * g + 8 * h + r, n - 1)
+                rows[g, h] = cutlass.min(row0 + cfg.group_rows * g + (8 // kp) * h + r // kp, n - 1)
         toks = cute.make_rmem_tensor(cute.make_layout(cfg.token_tiles), Int32)
         for t in cutlass.range_constexpr(cfg.token_tiles):
-            toks[t] = cutlass.min(bidy * cfg.tokens_per_cta + 8 * t + r, m - 1)
+            toks[t] = cutlass.min(bidy * cfg.tokens_per_cta + cfg.tile_tokens * t + r // kp, m - 1)
 
         smem = SmemAllocator()
         per_thread = 4 * cfg.groups * cfg.token_tiles
         red = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, self.warps)), 16)
-        part = None
+        cta_sums = None
         if const_expr(splits > 1):
-            part = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, cfg.row_warps)), 16)
+            cta_sums = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, cfg.row_warps)), 16)
         acc = cute.make_rmem_tensor(cute.make_layout((4, cfg.groups, cfg.token_tiles)), Float32)
         acc.fill(0.0)
-        n_full = k // STEP_K
+        n_full = k // cfg.step_k
         my_steps = (n_full - kq + k_lanes - 1) // k_lanes
         # Loads go straight to registers, one step at a time. A second register buffer (loads of the next step
         # in flight), a per-thread cp.async ring of W in shared memory, a producer warp's bulk-copy ring, and L2
@@ -554,13 +583,15 @@ class LinearW4A16:
         # resident decide, not bytes in flight (BENCHMARKS.md, "The W4A16 linear").
         for st in cutlass.range(my_steps, unroll=cfg.unroll):
             step_regs = self.make_regs()
-            self.load_step(step_regs, x_words, w_words, sf, kq + st * k_lanes, rows, toks, c, True)
+            self.load_step(step_regs, x_words, w_words, sf, (kq + st * k_lanes) * kp + part, rows, toks, c, True)
             self.compute_step(step_regs, acc)
-        if k % STEP_K != 0:
-            # The last 64 K elements: lanes c = 0, 1 hold them; c = 2, 3 multiply zeros.
+        if k % cfg.step_k != 0:
+            # The last partial step (64 K elements, or with two parts 64, 128 or 192): a lane whose 32 codes lie
+            # past K multiplies zeros.
             if kq == n_full % k_lanes:
                 regs = self.make_regs()
-                self.load_step(regs, x_words, w_words, sf, n_full, rows, toks, c, c < 2)
+                s_last = n_full * kp + part
+                self.load_step(regs, x_words, w_words, sf, s_last, rows, toks, c, s_last * STEP_K + 32 * c < k)
                 self.compute_step(regs, acc)
 
         # k-warps in warp order through shared memory, then one warp per row slice stores.
@@ -579,10 +610,10 @@ class LinearW4A16:
                 for i in cutlass.range_constexpr(per_thread):
                     v = self.k_warp_sum(i, acc, red, lane, wr)
                     acc[i] = v
-                    part[i, lane, wr] = v
+                    cta_sums[i, lane, wr] = v
             cluster_sync()
             if split == 0 and wk == 0:
-                self.store_sums(self.cluster_sum, (acc, part, lane, wr), *out)
+                self.store_sums(self.cluster_sum, (acc, cta_sums, lane, wr), *out)
             cluster_sync()
 
     def k_warp_sum(self, i, acc, red, lane, wr):
@@ -601,14 +632,21 @@ class LinearW4A16:
         return v
 
     def store_sums(self, sum_of, sum_args, mGS, row0, r, c, bidy, mY, mBias, m, n):
-        """Every output of this thread's rows and tokens: sum_of(i, *sum_args) for accumulator i, through `store`."""
+        """Every output of this thread's rows and tokens: sum_of(i, *sum_args) for accumulator i, through `store`.
+        With two K parts, accumulators 2h and 2h + 1 are columns (token c, part 0) and (c, part 1) of MMA row
+        r + 8h, whose part is r % 2: the even lane stores its part 0 plus the odd lane's part 1 (a shuffle)."""
         cfg = self.cfg
         factor = self.output_factor(mGS)
         for g in range(cfg.groups):
             for t in range(cfg.token_tiles):
                 for q in range(4):
                     i = q + 4 * (g + cfg.groups * t)
-                    self.store(sum_of(i, *sum_args), factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n)
+                    if const_expr(cfg.k_parts == 1):
+                        self.store(sum_of(i, *sum_args), factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n)
+                    elif const_expr(q % 2 == 0):
+                        v = sum_of(i, *sum_args)
+                        other = cute.arch.shuffle_sync_bfly(sum_of(i + 1, *sum_args), offset=4)
+                        self.store(v + other, factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n)
 
     @cute.jit
     def output_factor(self, mGS):
@@ -621,11 +659,16 @@ class LinearW4A16:
 
     @cute.jit
     def store(self, v, factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n):
-        """y[tok, row] of accumulator q of group g, token tile t: the sum v times `factor`, plus the bias."""
+        """y[tok, row] of accumulator q of group g, token tile t: the sum v times `factor`, plus the bias (with two K
+        parts, from the even lane of each pair)."""
         cfg = self.cfg
-        row = row0 + 16 * g + 8 * (q // 2) + r
-        tok = bidy * cfg.tokens_per_cta + 8 * t + 2 * c + q % 2
-        if row < n and tok < m:
+        kp = cfg.k_parts
+        row = row0 + cfg.group_rows * g + (8 // kp) * (q // 2) + r // kp
+        tok = bidy * cfg.tokens_per_cta + cfg.tile_tokens * t + (2 * c + q % 2) // kp
+        ok = row < n and tok < m
+        if const_expr(kp == 2):
+            ok = ok and r % 2 == 0
+        if ok:
             v = v * factor
             if const_expr(cfg.bias):
                 v = v + mBias[row].to(Float32)

@@ -19,6 +19,8 @@ PTX_CASES = [
     dict(fmt="mxfp4", x_dtype="fp16"),
     dict(fmt="nvfp4", x_dtype="bf16", max_registers=48),
     dict(fmt="nvfp4", x_dtype="bf16", sf_kind="permuted", token_tiles=2, k_warps=16, k_splits=8),
+    dict(fmt="nvfp4", x_dtype="bf16", k_parts=2),
+    dict(fmt="mxfp4", x_dtype="fp16", k_parts=2, groups=2, k_warps=4, k_splits=2),
 ]
 
 
@@ -59,6 +61,8 @@ def test_ptx_facts(ptx, kw, arch):
     assert ("cvt.rn.f16x2.e4m3x2" in text) == (cfg.fmt == "nvfp4" or cfg.mma_dtype == "fp16")
     # K split over a cluster: rank 0 reads the other CTAs' sums from their shared memory, between cluster barriers.
     assert (text.count("barrier.cluster.wait") == 2 and "ld.shared::cluster.f32" in text) == (cfg.k_splits > 1)
+    # Two K parts a row: the odd lane's part reaches the even lane by one butterfly shuffle per stored pair.
+    assert text.count("shfl.sync.bfly") == (2 * cfg.groups if cfg.k_parts == 2 else 0)
     # Deterministic: no float atomics anywhere.
     for line in text.splitlines():
         assert not (line.strip().startswith(("atom.", "red.")) and ".f32" in line), line
@@ -107,6 +111,27 @@ def test_small_weights_split_9_to_16_tokens_over_two_ctas():
     assert "token_tiles=2" in kernels.describe(16, 4096, 4096, "nvfp4", "bf16")
 
 
+def test_two_k_parts_at_3_4_tokens_and_on_thin_or_uneven_grids():
+    """k_parts_for: two K parts at 3-4 tokens; at 1-2 only where one part's grid is under half a wave or its CTAs
+    leave the SMs' last round under 90 % full (docs/linear_h200_k_parts.csv); never past 4 tokens. Two parts take
+    one token tile, and the split is chosen for twice the rows of half the K."""
+    for n, k in [(8192, 28672), (10240, 8192), (4096, 14336), (6144, 4096), (28672, 4096), (5760, 2880)]:
+        assert [kernels.k_parts_for(m, n, k, 132) for m in (1, 2, 3, 4, 5, 8, 16)] == [1, 1, 2, 2, 1, 1, 1], (n, k)
+    for n, k in [(512, 7168), (1024, 4096), (2880, 2880), (2048, 768), (3072, 8192)]:  # thin, or 192 CTAs on 132 SMs
+        assert [kernels.k_parts_for(m, n, k, 132) for m in (1, 2, 4, 5)] == [2, 2, 2, 1], (n, k)
+    cfg = kernels.config_for(4, 8192, 28672, "nvfp4", "plain", "bf16", False, True)
+    assert (cfg.k_parts, cfg.token_tiles, cfg.tokens_per_cta, cfg.rows_per_cta) == (2, 1, 4, 8 * cfg.groups)
+    assert (cfg.groups, cfg.k_warps, cfg.max_registers) == kernels.choose_split(2 * 8192, 28672 // 2, 132, 1)
+    assert kernels.config_for(48, 256, 1024, "nvfp4", "plain", "bf16", False, False, k_parts=2).token_tiles == 1
+    assert "k_parts=2" in kernels.describe(3, 4096, 4096, "nvfp4", "bf16")
+    assert "k_parts" not in kernels.describe(1, 4096, 4096, "nvfp4", "bf16")
+    from cute_kernels.linear_w4a16 import LinearW4A16Config
+
+    for bad in (dict(k_parts=3), dict(k_parts=2, token_tiles=2)):
+        with pytest.raises(ValueError, match="k_parts"):
+            LinearW4A16Config(**bad)
+
+
 def test_k_splits_only_where_few_rows_leave_the_gpu_idle():
     """A cluster shares K only where choose_split's warps fill at most half a wave; then it shortens each warp's K
     steps and keeps the grid within half a wave (docs/linear_sweep_h200_k_splits.csv)."""
@@ -121,7 +146,8 @@ def test_k_splits_only_where_few_rows_leave_the_gpu_idle():
             assert s > 1, (n, k, t)
             assert 2 * -(-n // (16 * g)) * q * s <= kernels.resident_warps(g, q, t) * 132  # at most half a wave
             assert -(-(k // 128) // (q * s)) < -(-(k // 128) // q)  # fewer steps a warp
-    assert "k_splits=8 (a cluster)" in kernels.describe(1, 128, 16384, "nvfp4", "bf16")
+    assert "k_splits=8 (a cluster)" in kernels.describe(5, 128, 16384, "nvfp4", "bf16")
+    assert "k_parts=2 k_splits=4 (a cluster)" in kernels.describe(1, 128, 16384, "nvfp4", "bf16")
     with pytest.raises(ValueError, match="k_splits"):
         kernels.LinearW4A16Config(k_splits=3)
     with pytest.raises(ValueError, match="k_splits"):
@@ -241,15 +267,50 @@ def test_full_range_against_reference(fmt, layout, dtype, m, n, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("split", [(t, *c) for t in (1, 2) for c in kernels.candidates(t)], ids=str)
+@pytest.mark.parametrize("split", [(m, *c) for m in (3, 5, 11) for c in kernels.candidates(1 if m < 8 else 2)],
+                         ids=str)
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_every_split(split, fmt):
-    """Every (groups, k_warps, register cap) the launcher can choose, for 8 tokens a CTA (M = 5) and 16 (M = 11)."""
-    token_tiles, groups, k_warps, cap = split
+    """Every (groups, k_warps, register cap) the launcher can choose, for 4 tokens a CTA with two K parts a row
+    (M = 3), 8 tokens (M = 5) and 16 (M = 11)."""
+    m, groups, k_warps, cap = split
+    assert kernels.config_for(m, 200, 2880, fmt, "plain", "bf16", False, False).k_parts == (2 if m <= 4 else 1)
     w, scale, plain = _operands(200, 2880, fmt, "plain")
-    x = torch.randn(5 if token_tiles == 1 else 11, 2880).to(torch.bfloat16).cuda()
+    x = torch.randn(m, 2880).to(torch.bfloat16).cuda()
     y = _run(x, w.cuda(), scale.cuda(), fmt, "plain", groups=groups, k_warps=k_warps, max_registers=cap)
     _check(y, x, w.cuda(), plain, fmt)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("k", [2880, 2944, 3008, 3072, 64, 192])
+def test_two_k_parts_a_row(fmt, layout, dtype, k):
+    """k_parts = 2 (each row on two MMA rows, 4 tokens x 2 parts on the columns) against the reference at M = 1-4
+    and past 4 tokens (several CTAs along M), with every remainder of K by the 256-K step (64, 128, 192, 0, and K
+    below one step), odd N, a cluster and several k-warp counts; and the same bits as k_parts = 1 on small-integer
+    data with unit scales, where every sum is exact."""
+    from test_linear_reference import swizzle
+
+    n = 203
+    w, scale, plain = _operands(n, k, fmt, layout)
+    w, scale = w.cuda(), scale.cuda()
+    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
+    bias = torch.randn(n).to(dtype).cuda()
+    for m, cfg in [(1, {}), (2, dict(k_warps=4)), (3, dict(k_warps=16, k_splits=2)), (4, dict(groups=2, k_warps=2)),
+                   (2, dict(row_warps=2, k_warps=4)), (7, dict(k_warps=8))]:
+        x = torch.randn(m, k).to(dtype).cuda()
+        y = _run(x, w, scale, fmt, layout, gs, bias, k_parts=2, **cfg)
+        _check(y, x, w, plain, fmt, gs, bias)
+    if fmt == "nvfp4":
+        unit = torch.full((n, k // 16), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn)
+        unit = swizzle(unit) if layout == "swizzled" else unit
+    else:
+        unit = torch.full((n, k // 32), 127, dtype=torch.uint8)
+    xi = torch.randint(-2, 3, (3, k)).to(dtype).cuda()
+    one = _run(xi, w, unit.cuda(), fmt, layout, k_parts=1, k_warps=4)
+    two = _run(xi, w, unit.cuda(), fmt, layout, k_parts=2, k_warps=4)
+    assert torch.equal(one.view(torch.int16), two.view(torch.int16))
 
 
 @pytest.mark.gpu
@@ -304,8 +365,9 @@ def test_9_to_16_tokens_over_two_ctas(fmt, layout, n, k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("cfg", [{}, dict(k_warps=4, max_registers=48), dict(k_warps=4, k_splits=4)],
-                         ids=["dispatched", "capped", "cluster"])
+@pytest.mark.parametrize("cfg", [{}, dict(k_warps=4, max_registers=48), dict(k_warps=4, k_splits=4), dict(k_parts=2),
+                                 dict(k_parts=2, k_warps=2, k_splits=2)],
+                         ids=["dispatched", "capped", "cluster", "two parts", "two parts cluster"])
 def test_one_hot_probes(fmt, dtype, cfg):
     """Row r holds one code at k = (7r + 3) % K and scale 2^(r % 5) on its block; token t is one-hot at row t's k:
     y[t, r] is code · scale when r == t and 0 otherwise, exactly. Every code, both nibbles, every block position."""
@@ -333,10 +395,11 @@ def test_one_hot_probes(fmt, dtype, cfg):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n,k", [(4096, 7168), (256, 7168)], ids=["one CTA a row tile", "a cluster a row tile"])
-def test_bit_identical_over_100_runs(n, k):
+@pytest.mark.parametrize("n,k,m", [(4096, 7168, 16), (256, 7168, 16), (4096, 7168, 3), (256, 7168, 1)],
+                         ids=["one CTA a row tile", "a cluster a row tile", "two K parts", "two K parts, a cluster"])
+def test_bit_identical_over_100_runs(n, k, m):
     w, scale, plain = _operands(n, k, "nvfp4", "plain")
-    x = torch.randn(16, k).to(torch.bfloat16).cuda()
+    x = torch.randn(m, k).to(torch.bfloat16).cuda()
     w, scale = w.cuda(), scale.cuda()
     first = _run(x, w, scale, "nvfp4", "plain")
     for _ in range(100):

@@ -13,7 +13,7 @@ from cute_kernels.compile import compile_kernel, raw_function
 from cute_kernels.linear_w4a16 import STEP_K, LinearW4A16, LinearW4A16Config
 from cute_kernels.targets import target
 from cute_kernels.tc_workspace import capability, sm_count
-from nvfp4_gemv.dispatch import MAX_CTAS_PER_SM, REGISTER_FILE, ctas_per_sm
+from nvfp4_gemv.dispatch import MAX_CTAS_PER_SM, REGISTER_FILE, ctas_per_sm, last_wave_fill
 from nvfp4_gemv.linear import prefill
 
 SCALE_LAYOUTS = {"plain": "plain", "swizzled": "permuted"}  # the linear's names -> the kernel's sf_kind
@@ -130,21 +130,50 @@ def m_major_for(m: int, n: int, k: int, rows_per_cta: int) -> bool:
     return m > 32 and n * k // 2 > M_MAJOR_MIN_WEIGHT_BYTES and -(-n // rows_per_cta) <= 65535
 
 
+# Two K parts a row (LinearW4A16Config.k_parts = 2): each weight row on two MMA rows, the MMA's 8 columns 4 tokens
+# x 2 parts, 8 lanes reading each row's whole 128-byte line. Graph-timed on the H200 against one part with the
+# launcher's split for each (docs/linear_h200_k_parts.csv, 18 shapes, NVFP4 and MXFP4, M = 1, 2, 4): at 3-4 tokens
+# two parts are faster or equal (within 1 %) on all but one shape (6144 x 4096 MXFP4, 4 % slower), 5-21 % faster on
+# most; at 1-2 tokens they are 2-19 % faster where the one-part grid is thin (under half a resident wave: few rows)
+# or uneven (its CTAs fill under 90 % of the SMs' last round: 3072 x 8192 holds 192 CTAs on 132 SMs, 1.65 -> 1.49 x
+# the read), and 4-12 % slower on the full, even grids of large shapes (8192 x 28672 at M = 1: 1.32 against 1.45).
+K_PARTS_MAX_TOKENS = 4
+K_PARTS_ALWAYS_TOKENS = 3
+K_PARTS_MIN_BALANCE = 0.9
+
+
+def k_parts_for(m: int, n: int, k: int, sms: int) -> int:
+    """1 or 2 K parts a row for M tokens (see K_PARTS_MAX_TOKENS): two at 3-4 tokens; at 1-2 where one part's
+    grid (choose_split's split, k_splits_for's cluster) fills under half a resident wave or leaves the SMs' last
+    round of CTAs under K_PARTS_MIN_BALANCE full."""
+    if m > K_PARTS_MAX_TOKENS:
+        return 1
+    if m >= K_PARTS_ALWAYS_TOKENS:
+        return 2
+    groups, k_warps, cap = choose_split(n, k, sms, 1)
+    ctas = -(-n // (16 * groups)) * k_splits_for(n, k, sms, 1, groups, k_warps, cap)
+    thin = 2 * ctas * k_warps < resident_warps(groups, k_warps, 1, cap) * sms
+    return 2 if thin or last_wave_fill(ctas / sms) < K_PARTS_MIN_BALANCE else 1  # CTAs per SM, as rounds
+
+
 def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str, bias: bool, global_scale: bool,
                sms: int = H200_SMS, **override):
     """The kernel config for one call shape: the token tiles from token_tiles_for, the split from choose_split, and
     K split over a cluster from k_splits_for; both see the CTAs along M as more rows. Past 32 tokens, the grid's
     order from m_major_for."""
-    token_tiles = token_tiles_for(m, n, k)
-    rows = n * (2 if m > 8 and token_tiles == 1 else 1)  # 9-16 tokens: two CTAs along M
-    groups, k_warps, cap = choose_split(rows, k, sms, token_tiles)
+    parts = override.get("k_parts") or k_parts_for(m, n, k, sms)
+    token_tiles = 1 if parts == 2 else token_tiles_for(m, n, k)
+    # 9-16 tokens: two CTAs along M; two K parts a row: each row is two MMA rows of half the steps.
+    rows = n * (2 if m > 8 and token_tiles == 1 else 1) * parts
+    k_row = k // parts
+    groups, k_warps, cap = choose_split(rows, k_row, sms, token_tiles)
     # An override of the split (sweeps, tests) means that split on its own, unless it names k_splits too.
     own = any(f in override for f in ("groups", "k_warps", "max_registers", "token_tiles"))
-    splits = 1 if own else k_splits_for(rows, k, sms, token_tiles, groups, k_warps, cap)
-    m_major = splits == 1 and m_major_for(m, n, k, 16 * override.get("groups", groups))
+    splits = 1 if own else k_splits_for(rows, k_row, sms, token_tiles, groups, k_warps, cap)
+    m_major = splits == 1 and m_major_for(m, n, k, 16 // parts * override.get("groups", groups))
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap,
-               k_splits=splits, m_major=m_major)
+               k_splits=splits, m_major=m_major, k_parts=parts)
     cfg.update(override)
     return LinearW4A16Config(**cfg)
 
@@ -174,8 +203,8 @@ def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_globa
 def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
     """The launch of one call signature (everything but M and the data): `launch(out2d, x2d, weight_u8, scale,
     global_scale, bias)`. A call costs the size check (M enters it), one dict lookup and the TVM-FFI launch; the
-    config is chosen and compiled on the first call of each token class (M <= 8, 9-16, 17-32, more; see
-    token_tiles_for and m_major_for). From prefill.PREFILL_MIN_TOKENS tokens (not with `override`, which names a
+    config is chosen and compiled on the first call of each token class (M <= 2, 3-4, 5-8, 9-16, 17-32, more;
+    see k_parts_for, token_tiles_for and m_major_for). From prefill.PREFILL_MIN_TOKENS tokens (not with `override`, which names a
     config of the fp4 kernel) the call goes to the dequantize-and-GEMM path instead (nvfp4_gemv/linear/prefill.py)."""
     plans = {}
 
@@ -190,7 +219,7 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
                 run_many = plans["prefill"] = prefill.bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout)
             run_many(out2d, x2d, weight_u8, scale, global_scale, bias)
             return
-        tokens = (m <= 8, m <= 16, m <= 32)
+        tokens = (m < K_PARTS_ALWAYS_TOKENS, m <= K_PARTS_MAX_TOKENS, m <= 8, m <= 16, m <= 32)
         plan = plans.get(tokens)
         if plan is None:
             plan = plans[tokens] = plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout,
@@ -226,5 +255,6 @@ def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layou
                                + (", token tiles fastest (m_major)" if cfg.m_major else ""))
     return (f"linear_w4a16 {fmt} {xd}: {path}, {cfg.mma_dtype} MMA, groups={cfg.groups} row_warps={cfg.row_warps} "
             f"k_warps={cfg.k_warps} token_tiles={cfg.token_tiles}"
+            + (f" k_parts={cfg.k_parts}" if cfg.k_parts > 1 else "")
             + (f" k_splits={cfg.k_splits} (a cluster)" if cfg.k_splits > 1 else "")
             + (f" max_registers={cfg.max_registers}" if cfg.max_registers else "") + note)
