@@ -119,6 +119,9 @@ def test_two_k_parts_at_3_4_tokens_and_on_thin_or_uneven_grids():
         assert [kernels.k_parts_for(m, n, k, 132) for m in (1, 2, 3, 4, 5, 8, 16)] == [1, 1, 2, 2, 1, 1, 1], (n, k)
     for n, k in [(512, 7168), (1024, 4096), (2880, 2880), (2048, 768), (3072, 8192)]:  # thin, or 192 CTAs on 132 SMs
         assert [kernels.k_parts_for(m, n, k, 132) for m in (1, 2, 4, 5)] == [2, 2, 2, 1], (n, k)
+    # Where the two-part split would be CTAs of one 8-row group and 2 warps (each re-reading x), one part stays.
+    assert kernels.choose_split(2 * 18944, 3584 // 2, 132, 1)[:2] == (1, 2)
+    assert [kernels.k_parts_for(m, 18944, 3584, 132) for m in (1, 3, 4)] == [1, 1, 1]
     cfg = kernels.config_for(4, 8192, 28672, "nvfp4", "plain", "bf16", False, True)
     assert (cfg.k_parts, cfg.token_tiles, cfg.tokens_per_cta, cfg.rows_per_cta) == (2, 1, 4, 8 * cfg.groups)
     assert (cfg.groups, cfg.k_warps, cfg.max_registers) == kernels.choose_split(2 * 8192, 28672 // 2, 132, 1)

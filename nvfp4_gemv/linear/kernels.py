@@ -131,12 +131,16 @@ def m_major_for(m: int, n: int, k: int, rows_per_cta: int) -> bool:
 
 
 # Two K parts a row (LinearW4A16Config.k_parts = 2): each weight row on two MMA rows, the MMA's 8 columns 4 tokens
-# x 2 parts, 8 lanes reading each row's whole 128-byte line. Graph-timed on the H200 against one part with the
-# launcher's split for each (docs/linear_h200_k_parts.csv, 18 shapes, NVFP4 and MXFP4, M = 1, 2, 4): at 3-4 tokens
-# two parts are faster or equal (within 1 %) on all but one shape (6144 x 4096 MXFP4, 4 % slower), 5-21 % faster on
-# most; at 1-2 tokens they are 2-19 % faster where the one-part grid is thin (under half a resident wave: few rows)
-# or uneven (its CTAs fill under 90 % of the SMs' last round: 3072 x 8192 holds 192 CTAs on 132 SMs, 1.65 -> 1.49 x
-# the read), and 4-12 % slower on the full, even grids of large shapes (8192 x 28672 at M = 1: 1.32 against 1.45).
+# x 2 parts, 8 lanes reading each row's whole 128-byte line. Graph-timed on the H200 against one part, each with the
+# launcher's split for it (docs/linear_h200_k_parts.csv: 18 shapes, NVFP4 and MXFP4, M = 1, 2, 4):
+# - at 3-4 tokens two parts are faster or equal (within 1 %) on all but one shape (6144 x 4096 MXFP4, 4 % slower),
+#   5-21 % faster on most;
+# - at 1-2 tokens they are 2-19 % faster where the one-part grid is thin (under half a resident wave: few rows) or
+#   uneven (its CTAs fill the SMs' last round under 90 %: 3072 x 8192 holds 192 CTAs on 132 SMs, 1.65 -> 1.49 x the
+#   read), and 4-12 % slower on the full, even grids of large shapes (8192 x 28672 at M = 1: 1.32 against 1.45).
+# A check on 12 more shapes (docs/linear_h200_k_parts_check.csv, M = 1-4) found one more rule: where the two-part
+# split is CTAs of one 8-row group and fewer than 4 warps (18944 x 3584: 2 warps), every CTA reads all of x for 8
+# rows, and two parts were 9-22 % slower; those keep one part.
 K_PARTS_MAX_TOKENS = 4
 K_PARTS_ALWAYS_TOKENS = 3
 K_PARTS_MIN_BALANCE = 0.9
@@ -145,8 +149,12 @@ K_PARTS_MIN_BALANCE = 0.9
 def k_parts_for(m: int, n: int, k: int, sms: int) -> int:
     """1 or 2 K parts a row for M tokens (see K_PARTS_MAX_TOKENS): two at 3-4 tokens; at 1-2 where one part's
     grid (choose_split's split, k_splits_for's cluster) fills under half a resident wave or leaves the SMs' last
-    round of CTAs under K_PARTS_MIN_BALANCE full."""
+    round of CTAs under K_PARTS_MIN_BALANCE full; never where the two-part split is CTAs of one group and fewer
+    than 4 warps."""
     if m > K_PARTS_MAX_TOKENS:
+        return 1
+    groups2, k_warps2, _ = choose_split(2 * n, k // 2, sms, 1)
+    if groups2 == 1 and k_warps2 < 4:
         return 1
     if m >= K_PARTS_ALWAYS_TOKENS:
         return 2
