@@ -17,7 +17,7 @@ mask, one multiply and one mask place both; f16 makes e4m3 bytes and converts th
 block scale multiplies the placed pair (one HMUL2), folded with the placement's power of two where it fits (the
 scale fold, NV_FOLD); the rest of that power of two, and the global scale, multiply the fp32 sum once at the end.
 
-Two K parts a row (k_parts = 2, at most 4 tokens a CTA). With 4 lanes a row the 16-byte W loads of one warp
+Two K parts a row (k_parts = 2, 4 tokens a tile). With 4 lanes a row the 16-byte W loads of one warp
 instruction touch 8 rows x 64 bytes, half of each 128-byte line, and the scale loads 8 rows. With k_parts = 2, MMA
 rows 2j and 2j+1 (lanes r = 2j, 2j+1) hold the same weight row, its first and second 128-K half of a 256-K step,
 so 8 lanes read each row's whole line; the MMA's 8 columns hold (token, part), 4 tokens x 2 parts, with x of that
@@ -72,7 +72,7 @@ class LinearW4A16Config:
     max_registers: int = 0  # 0: as ptxas likes; else a cap, so that more warps stay resident (min CTAs per SM)
     k_splits: int = 1  # CTAs of a cluster that split K for the same rows (their sums meet in shared memory)
     m_major: bool = False  # token tiles on the grid's x (consecutive CTAs share W's rows through L2), for M > 16
-    k_parts: int = 1  # 2: each weight row on two MMA rows, two 128-K halves of a 256-K step (see K_PARTS), M <= 4
+    k_parts: int = 1  # 2: each weight row on two MMA rows, two 128-K halves of a 256-K step; 4 tokens a tile
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -91,8 +91,8 @@ class LinearW4A16Config:
             raise ValueError(f"sf_dtype must be 'u8' or (nvfp4) 'e4m3', got {self.sf_dtype!r} for {self.fmt}")
         if self.k_splits not in (1, 2, 4, 8) or (self.k_splits > 1 and self.max_registers):
             raise ValueError(f"k_splits must be 1, 2, 4 or 8 (a portable cluster), and uncapped, got {self}")
-        if self.k_parts not in (1, 2) or (self.k_parts == 2 and self.token_tiles != 1):
-            raise ValueError(f"k_parts must be 1 or 2, and 2 takes one token tile (4 tokens a CTA), got {self}")
+        if self.k_parts not in (1, 2):
+            raise ValueError(f"k_parts must be 1 or 2, got {self}")
         if self.m_major and self.k_splits > 1:
             raise ValueError(f"m_major takes no cluster (k_splits = 1), got {self}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248

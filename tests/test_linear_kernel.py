@@ -113,12 +113,16 @@ def test_small_weights_split_9_to_16_tokens_over_two_ctas():
 
 def test_two_k_parts_at_3_4_tokens_and_on_thin_or_uneven_grids():
     """k_parts_for: two K parts at 3-4 tokens; at 1-2 only where one part's grid is under half a wave or its CTAs
-    leave the SMs' last round under 90 % full (docs/linear_h200_k_parts.csv); never past 4 tokens. Two parts take
-    one token tile, and the split is chosen for twice the rows of half the K."""
+    leave the SMs' last round under 90 % full (docs/linear_h200_k_parts.csv); at 5-16 only where one part takes a
+    cluster (docs/linear_h200_k_parts_tokens.csv); never past 16. Two parts take one token tile, and the split is
+    chosen for twice the rows of half the K."""
     for n, k in [(8192, 28672), (10240, 8192), (4096, 14336), (6144, 4096), (28672, 4096), (5760, 2880)]:
         assert [kernels.k_parts_for(m, n, k, 132) for m in (1, 2, 3, 4, 5, 8, 16)] == [1, 1, 2, 2, 1, 1, 1], (n, k)
-    for n, k in [(512, 7168), (1024, 4096), (2880, 2880), (2048, 768), (3072, 8192)]:  # thin, or 192 CTAs on 132 SMs
-        assert [kernels.k_parts_for(m, n, k, 132) for m in (1, 2, 4, 5)] == [2, 2, 2, 1], (n, k)
+    for n, k in [(1536, 2048), (2880, 2880), (2048, 768), (3072, 8192)]:  # thin, or 192 CTAs on 132 SMs
+        assert [kernels.k_parts_for(m, n, k, 132) for m in (1, 2, 4, 5, 16)] == [2, 2, 2, 1, 1], (n, k)
+    for n, k in [(256, 4096), (512, 7168), (128, 16384)]:  # one part takes a cluster at 5-16 tokens
+        assert kernels.config_for(8, n, k, "nvfp4", "plain", "bf16", False, False, k_parts=1).k_splits > 1
+        assert [kernels.k_parts_for(m, n, k, 132) for m in (1, 4, 5, 8, 16, 17)] == [2, 2, 2, 2, 2, 1], (n, k)
     # Where the two-part split would be CTAs of one 8-row group and 2 warps (each re-reading x), one part stays.
     assert kernels.choose_split(2 * 18944, 3584 // 2, 132, 1)[:2] == (1, 2)
     assert [kernels.k_parts_for(m, 18944, 3584, 132) for m in (1, 3, 4)] == [1, 1, 1]
@@ -130,7 +134,7 @@ def test_two_k_parts_at_3_4_tokens_and_on_thin_or_uneven_grids():
     assert "k_parts" not in kernels.describe(1, 4096, 4096, "nvfp4", "bf16")
     from cute_kernels.linear_w4a16 import LinearW4A16Config
 
-    for bad in (dict(k_parts=3), dict(k_parts=2, token_tiles=2)):
+    for bad in (dict(k_parts=3), dict(k_parts=0)):
         with pytest.raises(ValueError, match="k_parts"):
             LinearW4A16Config(**bad)
 
@@ -149,7 +153,7 @@ def test_k_splits_only_where_few_rows_leave_the_gpu_idle():
             assert s > 1, (n, k, t)
             assert 2 * -(-n // (16 * g)) * q * s <= kernels.resident_warps(g, q, t) * 132  # at most half a wave
             assert -(-(k // 128) // (q * s)) < -(-(k // 128) // q)  # fewer steps a warp
-    assert "k_splits=8 (a cluster)" in kernels.describe(5, 128, 16384, "nvfp4", "bf16")
+    assert "k_splits=8 (a cluster)" in kernels.describe(5, 128, 16384, "nvfp4", "bf16", k_parts=1)
     assert "k_parts=2 k_splits=4 (a cluster)" in kernels.describe(1, 128, 16384, "nvfp4", "bf16")
     with pytest.raises(ValueError, match="k_splits"):
         kernels.LinearW4A16Config(k_splits=3)
@@ -301,7 +305,8 @@ def test_two_k_parts_a_row(fmt, layout, dtype, k):
     gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
     bias = torch.randn(n).to(dtype).cuda()
     for m, cfg in [(1, {}), (2, dict(k_warps=4)), (3, dict(k_warps=16, k_splits=2)), (4, dict(groups=2, k_warps=2)),
-                   (2, dict(row_warps=2, k_warps=4)), (7, dict(k_warps=8))]:
+                   (2, dict(row_warps=2, k_warps=4)), (7, dict(k_warps=8)), (8, dict(token_tiles=2)),
+                   (13, dict(token_tiles=2, groups=2, k_warps=4))]:
         x = torch.randn(m, k).to(dtype).cuda()
         y = _run(x, w, scale, fmt, layout, gs, bias, k_parts=2, **cfg)
         _check(y, x, w, plain, fmt, gs, bias)

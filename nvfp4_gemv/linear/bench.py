@@ -234,8 +234,10 @@ def run(shapes=SHAPES, tokens=TOKENS, formats=FORMATS, peers: bool = True, csv_p
                 t = _time(lambda: ours(n, k, m, fmt))
                 q = _time(lambda: quack(n, k, m, fmt)) if peers else math.nan
                 cfg = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4")
-                desc = f"g{cfg.groups} kw{cfg.k_warps} t{cfg.token_tiles}" + (
-                    f" r{cfg.max_registers}" if cfg.max_registers else "")
+                desc = (f"g{cfg.groups} kw{cfg.k_warps} t{cfg.token_tiles}"
+                        + (f" p{cfg.k_parts}" if cfg.k_parts > 1 else "")
+                        + (f" s{cfg.k_splits}" if cfg.k_splits > 1 else "")
+                        + (f" r{cfg.max_registers}" if cfg.max_registers else ""))
                 row = dict(n=n, k=k, m=m, fmt=fmt, read_us=read, ours_us=t, ratio=t / read, quack_us=q,
                            quack_over_ours=q / t, cublas_us=cub[m], cublas_over_ours=cub[m] / t, config=desc)
                 rows.append(row)

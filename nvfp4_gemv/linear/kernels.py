@@ -141,25 +141,41 @@ def m_major_for(m: int, n: int, k: int, rows_per_cta: int) -> bool:
 # A check on 12 more shapes (docs/linear_h200_k_parts_check.csv, M = 1-4) found one more rule: where the two-part
 # split is CTAs of one 8-row group and fewer than 4 warps (18944 x 3584: 2 warps), every CTA reads all of x for 8
 # rows, and two parts were 9-22 % slower; those keep one part.
+#
+# Past 4 tokens (docs/linear_h200_k_parts_tokens.csv: the 30 shapes of both checks, M = 6, 8, 12, 16, against two
+# parts with one 4-token tile, CTAs along M, and with two tiles of 4): two parts were 18-24 % faster on the rows
+# so few that one part takes a cluster (256 x 4096, 512 x 7168 at 6-8 tokens), 3-10 % on 896 x 4864 and 1024 x 4096
+# at 6-8 tokens, and 5-67 % slower elsewhere (each CTA along M decodes W again). So from 5 to 16 tokens, two parts
+# and 4-token CTAs along M only where one part would need a cluster.
 K_PARTS_MAX_TOKENS = 4
 K_PARTS_ALWAYS_TOKENS = 3
 K_PARTS_MIN_BALANCE = 0.9
 
 
+def _one_part_grid(m: int, n: int, k: int, sms: int):
+    """(groups, k_warps, cap, k_splits, CTAs) of one K part a row at M tokens, as config_for would choose them."""
+    tiles = token_tiles_for(m, n, k)
+    rows = n * -(-min(m, 16) // (8 * tiles))
+    groups, k_warps, cap = choose_split(rows, k, sms, tiles)
+    splits = k_splits_for(rows, k, sms, tiles, groups, k_warps, cap)
+    return groups, k_warps, cap, splits, -(-rows // (16 * groups)) * splits
+
+
 def k_parts_for(m: int, n: int, k: int, sms: int) -> int:
     """1 or 2 K parts a row for M tokens (see K_PARTS_MAX_TOKENS): two at 3-4 tokens; at 1-2 where one part's
     grid (choose_split's split, k_splits_for's cluster) fills under half a resident wave or leaves the SMs' last
-    round of CTAs under K_PARTS_MIN_BALANCE full; never where the two-part split is CTAs of one group and fewer
-    than 4 warps."""
-    if m > K_PARTS_MAX_TOKENS:
+    round of CTAs under K_PARTS_MIN_BALANCE full; at 5-16 where one part takes a cluster; never past 16 tokens,
+    nor where the two-part split is CTAs of one group and fewer than 4 warps."""
+    if m > 16:
         return 1
-    groups2, k_warps2, _ = choose_split(2 * n, k // 2, sms, 1)
+    groups2, k_warps2, _ = choose_split(2 * n * -(-m // 4), k // 2, sms, 1)
     if groups2 == 1 and k_warps2 < 4:
         return 1
-    if m >= K_PARTS_ALWAYS_TOKENS:
+    if K_PARTS_ALWAYS_TOKENS <= m <= K_PARTS_MAX_TOKENS:
         return 2
-    groups, k_warps, cap = choose_split(n, k, sms, 1)
-    ctas = -(-n // (16 * groups)) * k_splits_for(n, k, sms, 1, groups, k_warps, cap)
+    groups, k_warps, cap, splits, ctas = _one_part_grid(m, n, k, sms)
+    if m > K_PARTS_MAX_TOKENS:
+        return 2 if splits > 1 else 1
     thin = 2 * ctas * k_warps < resident_warps(groups, k_warps, 1, cap) * sms
     return 2 if thin or last_wave_fill(ctas / sms) < K_PARTS_MIN_BALANCE else 1  # CTAs per SM, as rounds
 
@@ -170,13 +186,15 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     K split over a cluster from k_splits_for; both see the CTAs along M as more rows. Past 32 tokens, the grid's
     order from m_major_for."""
     parts = override.get("k_parts") or k_parts_for(m, n, k, sms)
-    token_tiles = 1 if parts == 2 else token_tiles_for(m, n, k)
-    # 9-16 tokens: two CTAs along M; two K parts a row: each row is two MMA rows of half the steps.
-    rows = n * (2 if m > 8 and token_tiles == 1 else 1) * parts
+    token_tiles = override.get("token_tiles") or (1 if parts == 2 else token_tiles_for(m, n, k))
+    # The split sees the CTAs along M (up to 16 tokens) as more rows (9-16 tokens in 8-token CTAs: two), and two K
+    # parts a row as twice the rows of half the steps.
+    along_m = -(-min(m, 16) // (8 // parts * token_tiles))
+    rows = n * along_m * parts
     k_row = k // parts
     groups, k_warps, cap = choose_split(rows, k_row, sms, token_tiles)
     # An override of the split (sweeps, tests) means that split on its own, unless it names k_splits too.
-    own = any(f in override for f in ("groups", "k_warps", "max_registers", "token_tiles"))
+    own = any(f in override for f in ("groups", "k_warps", "max_registers"))
     splits = 1 if own else k_splits_for(rows, k_row, sms, token_tiles, groups, k_warps, cap)
     m_major = splits == 1 and m_major_for(m, n, k, 16 // parts * override.get("groups", groups))
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
@@ -246,7 +264,7 @@ def run(out2d, x2d, weight_u8, scale, fmt, scale_layout, global_scale, bias, **o
          global_scale is not None, bias is not None, **override)(out2d, x2d, weight_u8, scale, global_scale, bias)
 
 
-def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layout: str = "plain") -> str:
+def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layout: str = "plain", **override) -> str:
     """Which kernel and config serve this call (for users and logs)."""
     xd = _X_DTYPES.get(x_dtype, x_dtype)
     sms = H200_SMS
@@ -256,7 +274,7 @@ def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layou
     if prefill.takes(m, fmt, xd):
         return (f"dequantize_fp4 {fmt} -> {xd} in chunks of at most {prefill.chunk_rows(n, k)} rows, then cuBLAS "
                 f"(torch.mm, fp32 sums): M >= {prefill.PREFILL_MIN_TOKENS}")
-    cfg = config_for(m, n, k, fmt, scale_layout, xd, False, False, sms)
+    cfg = config_for(m, n, k, fmt, scale_layout, xd, False, False, sms, **override)
     path = "tensor cores (mma.sync m16n8k16)" + (", x as bf16 hi+lo" if cfg.split_x else "")
     tiles = -(-m // cfg.tokens_per_cta)
     note = "" if m <= 16 else (f"; M > 16: {tiles} token tiles of {cfg.tokens_per_cta}, W decoded once per tile"
