@@ -279,12 +279,12 @@ def test_full_range_against_reference(fmt, layout, dtype, m, n, k):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 def test_every_split(split, fmt):
     """Every (groups, k_warps, register cap) the launcher can choose, for 4 tokens a CTA with two K parts a row
-    (M = 3), 8 tokens (M = 5) and 16 (M = 11)."""
+    (M = 3), 8 tokens with one part (M = 5) and 16 with one part (M = 11)."""
     m, groups, k_warps, cap = split
-    assert kernels.config_for(m, 200, 2880, fmt, "plain", "bf16", False, False).k_parts == (2 if m <= 4 else 1)
+    tiles = dict(k_parts=2, token_tiles=1) if m <= 4 else dict(k_parts=1, token_tiles=1 if m < 8 else 2)
     w, scale, plain = _operands(200, 2880, fmt, "plain")
     x = torch.randn(m, 2880).to(torch.bfloat16).cuda()
-    y = _run(x, w.cuda(), scale.cuda(), fmt, "plain", groups=groups, k_warps=k_warps, max_registers=cap)
+    y = _run(x, w.cuda(), scale.cuda(), fmt, "plain", groups=groups, k_warps=k_warps, max_registers=cap, **tiles)
     _check(y, x, w.cuda(), plain, fmt)
 
 
