@@ -139,6 +139,17 @@ def test_two_k_parts_at_3_4_tokens_and_on_thin_or_uneven_grids():
             LinearW4A16Config(**bad)
 
 
+def test_one_config_per_token_class():
+    """bind keeps one plan per token class (M <= 2, 3-4, 5-8, 9-12, 13-16, 17-32): config_for gives every M of a
+    class the same config, over N, K and both formats."""
+    for n in (1, 128, 200, 512, 896, 2048, 2880, 4096, 8192, 28672):
+        for k in (64, 768, 2880, 4096, 14336):
+            for fmt in ("nvfp4", "mxfp4"):
+                for lo, hi in ((1, 2), (3, 4), (5, 8), (9, 12), (13, 16), (17, 32)):
+                    got = {kernels.config_for(m, n, k, fmt, "plain", "bf16", False, False) for m in range(lo, hi + 1)}
+                    assert len(got) == 1, (n, k, fmt, lo, hi, got)
+
+
 def test_k_splits_only_where_few_rows_leave_the_gpu_idle():
     """A cluster shares K only where choose_split's warps fill at most half a wave; then it shortens each warp's K
     steps and keeps the grid within half a wave (docs/linear_sweep_h200_k_splits.csv)."""

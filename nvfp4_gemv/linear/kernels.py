@@ -229,8 +229,8 @@ def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_globa
 def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
     """The launch of one call signature (everything but M and the data): `launch(out2d, x2d, weight_u8, scale,
     global_scale, bias)`. A call costs the size check (M enters it), one dict lookup and the TVM-FFI launch; the
-    config is chosen and compiled on the first call of each token class (M <= 2, 3-4, 5-8, 9-16, 17-32, more;
-    see k_parts_for, token_tiles_for and m_major_for). From prefill.PREFILL_MIN_TOKENS tokens (not with `override`, which names a
+    config is chosen and compiled on the first call of each token class (M <= 2, 3-4, 5-8, 9-12, 13-16, 17-32,
+    more: within each, k_parts_for, token_tiles_for and m_major_for give one answer). From prefill.PREFILL_MIN_TOKENS tokens (not with `override`, which names a
     config of the fp4 kernel) the call goes to the dequantize-and-GEMM path instead (nvfp4_gemv/linear/prefill.py)."""
     plans = {}
 
@@ -245,7 +245,7 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
                 run_many = plans["prefill"] = prefill.bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout)
             run_many(out2d, x2d, weight_u8, scale, global_scale, bias)
             return
-        tokens = (m < K_PARTS_ALWAYS_TOKENS, m <= K_PARTS_MAX_TOKENS, m <= 8, m <= 16, m <= 32)
+        tokens = (m < K_PARTS_ALWAYS_TOKENS, m <= K_PARTS_MAX_TOKENS, m <= 8, m <= 12, m <= 16, m <= 32)
         plan = plans.get(tokens)
         if plan is None:
             plan = plans[tokens] = plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout,
