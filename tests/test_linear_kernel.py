@@ -250,6 +250,17 @@ def _operands(n, k, fmt, layout, full=True, seed=0):
     return w, scale, plain
 
 
+def _unit_scales(n, k, fmt, layout):
+    """Scales of 1.0 in `layout` (NVFP4 e4m3 0x38, MXFP4 e8m0 127): with codes and small-integer x every partial sum
+    is exact, so configs that add the same products in another order must agree bit for bit."""
+    from test_linear_reference import swizzle
+
+    if fmt == "nvfp4":
+        unit = torch.full((n, k // 16), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn)
+        return swizzle(unit) if layout == "swizzled" else unit
+    return torch.full((n, k // 32), 127, dtype=torch.uint8)
+
+
 def _run(x, w, scale, fmt, layout, gs=None, bias=None, **override):
     y = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
     kernels.run(y, x, w.view(torch.uint8), scale.view(torch.uint8), fmt, layout, gs, bias, **override)
@@ -308,8 +319,6 @@ def test_two_k_parts_a_row(fmt, layout, dtype, k):
     and past 4 tokens (several CTAs along M), with every remainder of K by the 256-K step (64, 128, 192, 0, and K
     below one step), odd N, a cluster and several k-warp counts; and the same bits as k_parts = 1 on small-integer
     data with unit scales, where every sum is exact."""
-    from test_linear_reference import swizzle
-
     n = 203
     w, scale, plain = _operands(n, k, fmt, layout)
     w, scale = w.cuda(), scale.cuda()
@@ -321,11 +330,7 @@ def test_two_k_parts_a_row(fmt, layout, dtype, k):
         x = torch.randn(m, k).to(dtype).cuda()
         y = _run(x, w, scale, fmt, layout, gs, bias, k_parts=2, **cfg)
         _check(y, x, w, plain, fmt, gs, bias)
-    if fmt == "nvfp4":
-        unit = torch.full((n, k // 16), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn)
-        unit = swizzle(unit) if layout == "swizzled" else unit
-    else:
-        unit = torch.full((n, k // 32), 127, dtype=torch.uint8)
+    unit = _unit_scales(n, k, fmt, layout)
     xi = torch.randint(-2, 3, (3, k)).to(dtype).cuda()
     one = _run(xi, w, unit.cuda(), fmt, layout, k_parts=1, k_warps=4)
     two = _run(xi, w, unit.cuda(), fmt, layout, k_parts=2, k_warps=4)
@@ -347,14 +352,8 @@ def test_k_split_over_a_cluster(splits, fmt, layout):
     bias = torch.randn(200).to(torch.bfloat16).cuda()
     y = _run(x, w.cuda(), scale.cuda(), fmt, layout, gs, bias, k_warps=k_warps, k_splits=k_splits)
     _check(y, x, w.cuda(), plain, fmt, gs, bias)
-    from test_linear_reference import swizzle
-
     w = _operands(200, 1024, fmt, layout)[0]  # every code, unit scales: every partial sum is a multiple of 0.5
-    if fmt == "nvfp4":
-        unit = torch.full((200, 1024 // 16), 0x38, dtype=torch.uint8).view(torch.float8_e4m3fn)
-        scale = swizzle(unit) if layout == "swizzled" else unit
-    else:
-        scale = torch.full((200, 1024 // 32), 127, dtype=torch.uint8)
+    scale = _unit_scales(200, 1024, fmt, layout)
     xi = torch.randint(-2, 3, (m, 1024)).to(torch.bfloat16).cuda()
     one = _run(xi, w.cuda(), scale.cuda(), fmt, layout, k_warps=k_warps)
     split = _run(xi, w.cuda(), scale.cuda(), fmt, layout, k_warps=k_warps, k_splits=k_splits)

@@ -152,13 +152,14 @@ K_PARTS_ALWAYS_TOKENS = 3
 K_PARTS_MIN_BALANCE = 0.9
 
 
-def _one_part_grid(m: int, n: int, k: int, sms: int):
-    """(groups, k_warps, cap, k_splits, CTAs) of one K part a row at M tokens, as config_for would choose them."""
-    tiles = token_tiles_for(m, n, k)
-    rows = n * -(-min(m, 16) // (8 * tiles))
-    groups, k_warps, cap = choose_split(rows, k, sms, tiles)
-    splits = k_splits_for(rows, k, sms, tiles, groups, k_warps, cap)
-    return groups, k_warps, cap, splits, -(-rows // (16 * groups)) * splits
+def _split(m: int, n: int, k: int, sms: int, parts: int, token_tiles: int):
+    """(rows, K a row, groups, k_warps, register cap, k_splits) the launcher chooses for M tokens with `parts` K parts
+    a row and `token_tiles` tiles a CTA: the split sees the CTAs along M (up to 16 tokens; 9-16 tokens in 8-token
+    CTAs: two) as more rows, and two K parts a row as twice the rows of half the steps."""
+    rows = n * -(-min(m, 16) // (8 // parts * token_tiles)) * parts
+    k_row = k // parts
+    groups, k_warps, cap = choose_split(rows, k_row, sms, token_tiles)
+    return rows, k_row, groups, k_warps, cap, k_splits_for(rows, k_row, sms, token_tiles, groups, k_warps, cap)
 
 
 def k_parts_for(m: int, n: int, k: int, sms: int) -> int:
@@ -168,12 +169,13 @@ def k_parts_for(m: int, n: int, k: int, sms: int) -> int:
     nor where the two-part split is CTAs of one group and fewer than 4 warps."""
     if m > 16:
         return 1
-    groups2, k_warps2, _ = choose_split(2 * n * -(-m // 4), k // 2, sms, 1)
+    _, _, groups2, k_warps2, _, _ = _split(m, n, k, sms, 2, 1)
     if groups2 == 1 and k_warps2 < 4:
         return 1
     if K_PARTS_ALWAYS_TOKENS <= m <= K_PARTS_MAX_TOKENS:
         return 2
-    groups, k_warps, cap, splits, ctas = _one_part_grid(m, n, k, sms)
+    rows, _, groups, k_warps, cap, splits = _split(m, n, k, sms, 1, token_tiles_for(m, n, k))
+    ctas = -(-rows // (16 * groups)) * splits
     if m > K_PARTS_MAX_TOKENS:
         return 2 if splits > 1 else 1
     thin = 2 * ctas * k_warps < resident_warps(groups, k_warps, 1, cap) * sms
@@ -187,15 +189,10 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     order from m_major_for."""
     parts = override.get("k_parts") or k_parts_for(m, n, k, sms)
     token_tiles = override.get("token_tiles") or (1 if parts == 2 else token_tiles_for(m, n, k))
-    # The split sees the CTAs along M (up to 16 tokens) as more rows (9-16 tokens in 8-token CTAs: two), and two K
-    # parts a row as twice the rows of half the steps.
-    along_m = -(-min(m, 16) // (8 // parts * token_tiles))
-    rows = n * along_m * parts
-    k_row = k // parts
-    groups, k_warps, cap = choose_split(rows, k_row, sms, token_tiles)
+    _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles)
     # An override of the split (sweeps, tests) means that split on its own, unless it names k_splits too.
-    own = any(f in override for f in ("groups", "k_warps", "max_registers"))
-    splits = 1 if own else k_splits_for(rows, k_row, sms, token_tiles, groups, k_warps, cap)
+    if any(f in override for f in ("groups", "k_warps", "max_registers")):
+        splits = 1
     m_major = splits == 1 and m_major_for(m, n, k, 16 // parts * override.get("groups", groups))
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap,
@@ -230,8 +227,9 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
     """The launch of one call signature (everything but M and the data): `launch(out2d, x2d, weight_u8, scale,
     global_scale, bias)`. A call costs the size check (M enters it), one dict lookup and the TVM-FFI launch; the
     config is chosen and compiled on the first call of each token class (M <= 2, 3-4, 5-8, 9-12, 13-16, 17-32,
-    more: within each, k_parts_for, token_tiles_for and m_major_for give one answer). From prefill.PREFILL_MIN_TOKENS tokens (not with `override`, which names a
-    config of the fp4 kernel) the call goes to the dequantize-and-GEMM path instead (nvfp4_gemv/linear/prefill.py)."""
+    more: within each, k_parts_for, token_tiles_for and m_major_for give one answer). From
+    prefill.PREFILL_MIN_TOKENS tokens (not with `override`, which names a config of the fp4 kernel) the call goes to
+    the dequantize-and-GEMM path instead (nvfp4_gemv/linear/prefill.py)."""
     plans = {}
 
     def launch(out2d, x2d, weight_u8, scale, global_scale, bias):
