@@ -73,6 +73,7 @@ class LinearW4A16Config:
     k_splits: int = 1  # CTAs of a cluster that split K for the same rows (their sums meet in shared memory)
     m_major: bool = False  # token tiles on the grid's x (consecutive CTAs share W's rows through L2), for M > 16
     k_parts: int = 1  # 2: each weight row on two MMA rows, two 128-K halves of a 256-K step; 4 tokens a tile
+    acc_sets: int = 1  # 2: a step's MMAs alternate between two accumulator sets (two chains of 4, not one of 8)
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -93,6 +94,8 @@ class LinearW4A16Config:
             raise ValueError(f"k_splits must be 1, 2, 4 or 8 (a portable cluster), and uncapped, got {self}")
         if self.k_parts not in (1, 2):
             raise ValueError(f"k_parts must be 1 or 2, got {self}")
+        if self.acc_sets not in (1, 2):
+            raise ValueError(f"acc_sets must be 1 or 2, got {self}")
         if self.m_major and self.k_splits > 1:
             raise ValueError(f"m_major takes no cluster (k_splits = 1), got {self}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
@@ -498,7 +501,8 @@ class LinearW4A16:
                     rS[h, g] = Uint32(0x3838)  # any finite scale: the codes are zero
 
     @cute.jit
-    def compute_step(self, regs, acc):
+    def compute_step(self, regs, accs):
+        """Decode and multiply one loaded step; MMA i of the step adds into accumulator set i % acc_sets."""
         cfg = self.cfg
         dt = cfg.mma_dtype
         pairs = PAIRS[dt]
@@ -529,6 +533,7 @@ class LinearW4A16:
                 dec = [scale_codes(cfg.fmt, dt, dec[h], sc[h][w // 2]) for h in range(2)]
                 for jj in cutlass.range_constexpr(2):
                     a = (dec[0][2 * jj], dec[1][2 * jj], dec[0][2 * jj + 1], dec[1][2 * jj + 1])
+                    acc = accs[(2 * w + jj) % cfg.acc_sets]
                     for t in cutlass.range_constexpr(cfg.token_tiles):
                         for bb in xb[t][2 * w + jj]:
                             r = mma_16816([acc[q, g, t] for q in range(4)], a, bb, dt)
@@ -573,8 +578,11 @@ class LinearW4A16:
         cta_sums = None
         if const_expr(splits > 1):
             cta_sums = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, cfg.row_warps)), 16)
-        acc = cute.make_rmem_tensor(cute.make_layout((4, cfg.groups, cfg.token_tiles)), Float32)
-        acc.fill(0.0)
+        accs = [cute.make_rmem_tensor(cute.make_layout((4, cfg.groups, cfg.token_tiles)), Float32)
+                for _ in range(cfg.acc_sets)]
+        for a in accs:
+            a.fill(0.0)
+        acc = accs[0]
         n_full = k // cfg.step_k
         my_steps = (n_full - kq + k_lanes - 1) // k_lanes
         # Loads go straight to registers, one step at a time. A second register buffer (loads of the next step
@@ -584,7 +592,7 @@ class LinearW4A16:
         for st in cutlass.range(my_steps, unroll=cfg.unroll):
             step_regs = self.make_regs()
             self.load_step(step_regs, x_words, w_words, sf, (kq + st * k_lanes) * kp + part, rows, toks, c, True)
-            self.compute_step(step_regs, acc)
+            self.compute_step(step_regs, accs)
         if k % cfg.step_k != 0:
             # The last partial step (64 K elements, or with two parts 64, 128 or 192): a lane whose 32 codes lie
             # past K multiplies zeros.
@@ -592,7 +600,10 @@ class LinearW4A16:
                 regs = self.make_regs()
                 s_last = n_full * kp + part
                 self.load_step(regs, x_words, w_words, sf, s_last, rows, toks, c, s_last * STEP_K + 32 * c < k)
-                self.compute_step(regs, acc)
+                self.compute_step(regs, accs)
+        if const_expr(cfg.acc_sets == 2):
+            for i in cutlass.range_constexpr(4 * cfg.groups * cfg.token_tiles):
+                acc[i] = acc[i] + accs[1][i]
 
         # k-warps in warp order through shared memory, then one warp per row slice stores.
         if const_expr(cfg.k_warps > 1):

@@ -21,6 +21,8 @@ PTX_CASES = [
     dict(fmt="nvfp4", x_dtype="bf16", sf_kind="permuted", token_tiles=2, k_warps=16, k_splits=8),
     dict(fmt="nvfp4", x_dtype="bf16", k_parts=2),
     dict(fmt="mxfp4", x_dtype="fp16", k_parts=2, groups=2, k_warps=4, k_splits=2),
+    dict(fmt="nvfp4", x_dtype="bf16", k_parts=2, acc_sets=2),
+    dict(fmt="mxfp4", x_dtype="fp16", token_tiles=2, groups=2, k_warps=2, acc_sets=2),
 ]
 
 
@@ -334,6 +336,30 @@ def test_two_k_parts_a_row(fmt, layout, dtype, k):
     xi = torch.randint(-2, 3, (3, k)).to(dtype).cuda()
     one = _run(xi, w, unit.cuda(), fmt, layout, k_parts=1, k_warps=4)
     two = _run(xi, w, unit.cuda(), fmt, layout, k_parts=2, k_warps=4)
+    assert torch.equal(one.view(torch.int16), two.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_two_accumulator_sets(fmt, layout, dtype):
+    """acc_sets = 2 (a step's MMAs alternate between two accumulator sets, added once after the K loop) against the
+    reference with one and two K parts, a partial last step, a cluster and two token tiles; and the same bits as one
+    set on small-integer data with unit scales, where every sum is exact."""
+    n, k = 203, 2880 + 64
+    w, scale, plain = _operands(n, k, fmt, layout)
+    w, scale = w.cuda(), scale.cuda()
+    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
+    bias = torch.randn(n).to(dtype).cuda()
+    for m, cfg in [(1, dict(k_parts=1)), (1, dict(k_parts=2)), (4, dict(k_parts=2, groups=2, k_warps=2)),
+                   (5, dict(k_parts=1, k_warps=4, k_splits=2)), (16, dict(k_parts=1, token_tiles=2, groups=2))]:
+        x = torch.randn(m, k).to(dtype).cuda()
+        y = _run(x, w, scale, fmt, layout, gs, bias, acc_sets=2, **cfg)
+        _check(y, x, w, plain, fmt, gs, bias)
+    unit = _unit_scales(n, k, fmt, layout)
+    xi = torch.randint(-2, 3, (3, k)).to(dtype).cuda()
+    one = _run(xi, w, unit.cuda(), fmt, layout, k_warps=4)
+    two = _run(xi, w, unit.cuda(), fmt, layout, k_warps=4, acc_sets=2)
     assert torch.equal(one.view(torch.int16), two.view(torch.int16))
 
 

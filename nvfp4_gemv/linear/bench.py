@@ -236,6 +236,7 @@ def run(shapes=SHAPES, tokens=TOKENS, formats=FORMATS, peers: bool = True, csv_p
                 cfg = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4")
                 desc = (f"g{cfg.groups} kw{cfg.k_warps} t{cfg.token_tiles}"
                         + (f" p{cfg.k_parts}" if cfg.k_parts > 1 else "")
+                        + (f" a{cfg.acc_sets}" if cfg.acc_sets > 1 else "")
                         + (f" s{cfg.k_splits}" if cfg.k_splits > 1 else "")
                         + (f" r{cfg.max_registers}" if cfg.max_registers else ""))
                 row = dict(n=n, k=k, m=m, fmt=fmt, read_us=read, ours_us=t, ratio=t / read, quack_us=q,

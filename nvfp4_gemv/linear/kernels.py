@@ -182,6 +182,17 @@ def k_parts_for(m: int, n: int, k: int, sms: int) -> int:
     return 2 if thin or last_wave_fill(ctas / sms) < K_PARTS_MIN_BALANCE else 1  # CTAs per SM, as rounds
 
 
+# Two accumulator sets (LinearW4A16Config.acc_sets = 2: a step's MMAs alternate between them, two chains of 4
+# instead of one of 8 per (group, tile)). Graph-timed on the H200 against one set (docs/linear_h200_acc_sets.csv,
+# the 12-shape suite at M = 1, 4, 16, both formats): slower wherever the added registers cost resident warps (up to
+# 43 % on 28672 x 4096 at M = 1, where 2-group CTAs at 72 registers go to 80), and 4-10 % faster on the 16-token
+# CTAs of two groups, whose registers the resident-warp model already counts at 128 (28672 x 4096 and 14336 x 4096
+# at M = 16). MXFP4 with fp16 x (x as bf16 hi + lo, twice the MMAs) goes to 143 registers there, so it keeps one.
+def acc_sets_for(groups: int, token_tiles: int, fmt: str, x_dtype: str) -> int:
+    """Accumulator sets a config takes: two for two groups of two token tiles (not MXFP4 with fp16 x), else one."""
+    return 2 if (groups, token_tiles) == (2, 2) and not (fmt == "mxfp4" and x_dtype == "fp16") else 1
+
+
 def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str, bias: bool, global_scale: bool,
                sms: int = H200_SMS, **override):
     """The kernel config for one call shape: the token tiles from token_tiles_for, the split from choose_split, and
@@ -196,7 +207,8 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     m_major = splits == 1 and m_major_for(m, n, k, 16 // parts * override.get("groups", groups))
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap,
-               k_splits=splits, m_major=m_major, k_parts=parts)
+               k_splits=splits, m_major=m_major, k_parts=parts,
+               acc_sets=acc_sets_for(override.get("groups", groups), token_tiles, fmt, x_dtype))
     cfg.update(override)
     return LinearW4A16Config(**cfg)
 
@@ -280,5 +292,6 @@ def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layou
     return (f"linear_w4a16 {fmt} {xd}: {path}, {cfg.mma_dtype} MMA, groups={cfg.groups} row_warps={cfg.row_warps} "
             f"k_warps={cfg.k_warps} token_tiles={cfg.token_tiles}"
             + (f" k_parts={cfg.k_parts}" if cfg.k_parts > 1 else "")
+            + (f" acc_sets={cfg.acc_sets}" if cfg.acc_sets > 1 else "")
             + (f" k_splits={cfg.k_splits} (a cluster)" if cfg.k_splits > 1 else "")
             + (f" max_registers={cfg.max_registers}" if cfg.max_registers else "") + note)
