@@ -25,6 +25,9 @@ part. Column (t, p) times row (j, p') sums part p's x against part p' of W; only
 of a row are added (part 0 + part 1, by a shuffle from lane r ^ 1) before the store. The loop is the same code: a
 lane's step index is 2s + p, so it loads and decodes what a one-part lane of step 2s + p would.
 
+Accumulator sets (acc_sets = 2): MMA i of a step adds into set i % 2, so a step's MMAs of one (group, tile) are two
+dependent chains of 4 instead of one of 8; the sets are added once after the K loop, in a fixed order.
+
 Work split: a CTA is row_warps x k_warps warps; a warp owns `groups` 16-row groups and takes every k_warps-th step,
 so the row_warps warps on the same steps share x through L1. k-warps are summed in warp order through shared
 memory; with k_splits > 1 the k_splits CTAs of a thread-block cluster share the steps of one row tile, and rank 0

@@ -196,6 +196,25 @@ def test_register_table_matches_ptxas(tmp_path):
             assert allocated(g, t, kw, cap) == cap, ((g, t), kw, cap)
 
 
+def test_two_accumulator_sets_only_where_registers_are_already_counted_at_128():
+    """acc_sets_for: two sets for 16-token CTAs of two groups (kernels.REGISTERS[(2, 2)] is 128 already), except
+    MXFP4 with fp16 x; one set at every other (groups, token tiles), and an override of either wins."""
+    from cute_kernels.linear_w4a16 import LinearW4A16Config
+
+    big = kernels.config_for(16, 28672, 4096, "nvfp4", "plain", "bf16", False, True)
+    assert (big.groups, big.token_tiles, big.acc_sets) == (2, 2, 2)
+    assert "acc_sets=2" in kernels.describe(16, 28672, 4096, "nvfp4", "bf16")
+    assert kernels.config_for(16, 28672, 4096, "mxfp4", "plain", "fp16", False, False).acc_sets == 1
+    assert kernels.config_for(16, 28672, 4096, "mxfp4", "plain", "bf16", False, False).acc_sets == 2
+    for m in (1, 2, 4, 8):
+        assert kernels.config_for(m, 28672, 4096, "nvfp4", "plain", "bf16", False, True).acc_sets == 1, m
+    assert kernels.config_for(16, 6144, 4096, "nvfp4", "plain", "bf16", False, True).acc_sets == 1  # one group
+    assert kernels.config_for(16, 28672, 4096, "nvfp4", "plain", "bf16", False, True, groups=1).acc_sets == 1
+    assert kernels.config_for(16, 28672, 4096, "nvfp4", "plain", "bf16", False, True, acc_sets=1).acc_sets == 1
+    with pytest.raises(ValueError, match="acc_sets"):
+        LinearW4A16Config(acc_sets=3)
+
+
 def test_too_large_for_int32_offsets_is_refused_before_launch():
     from cute_kernels.linear_w4a16 import LinearW4A16
 
