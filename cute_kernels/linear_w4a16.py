@@ -47,7 +47,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cute_kernels.compile import SmemAllocator, load_atom
 from cute_kernels.decode import e4m3x2_to_f16x2
-from cute_kernels.ptx import asm_u32, cluster_sync, cp_async_16, inline_ptx, ld_shared_cluster_f32
+from cute_kernels.ptx import asm_u32, cluster_sync, inline_ptx, ld_shared_cluster_f32
 from layouts.constants import SF_VEC
 from layouts.sf_cute import sf_layout_by_col
 
@@ -77,7 +77,6 @@ class LinearW4A16Config:
     m_major: bool = False  # token tiles on the grid's x (consecutive CTAs share W's rows through L2), for M > 16
     k_parts: int = 1  # 2: each weight row on two MMA rows, two 128-K halves of a 256-K step; 4 tokens a tile
     acc_sets: int = 1  # 2: a step's MMAs alternate between two accumulator sets (two chains of 4, not one of 8)
-    x_smem: bool = False  # x through shared memory: each warp copies its next step's x tile (cp.async) while it computes
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -100,8 +99,6 @@ class LinearW4A16Config:
             raise ValueError(f"k_parts must be 1 or 2, got {self}")
         if self.acc_sets not in (1, 2):
             raise ValueError(f"acc_sets must be 1 or 2, got {self}")
-        if self.x_smem and self.k_parts != 1:
-            raise ValueError(f"x_smem takes one K part (k_parts = 1), got {self}")
         if self.m_major and self.k_splits > 1:
             raise ValueError(f"m_major takes no cluster (k_splits = 1), got {self}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
@@ -477,58 +474,9 @@ class LinearW4A16:
                 rS[h, g] = ld_global_nc(addr, 16 if cfg.fmt == "nvfp4" else 8)
 
     @cute.jit
-    def x_smem_step(self, st, stage, my_steps, accs, x_stage, x_words, w_words, sf, kq, k_lanes, rows, toks, bidy,
-                    lane, warp, r, c, m):
-        """Step st of this warp with x through shared memory: copy the next step's x into the other stage, load W
-        and the scales of this one, wait for this step's x (in `stage`), read it, compute."""
-        cute.arch.sync_warp()  # every lane is done reading the stage the next copy overwrites
-        if st + 1 < my_steps:
-            self.copy_x(x_stage, 1 - stage, x_words, kq + (st + 1) * k_lanes, bidy, lane, warp, m)
-        cute.arch.cp_async_commit_group()
-        step_regs = self.make_regs()
-        self.load_step(step_regs, x_words, w_words, sf, kq + st * k_lanes, rows, toks, c, True, False)
-        cute.arch.cp_async_wait_group(1)
-        cute.arch.sync_warp()
-        self.read_x(step_regs[1], x_stage, stage, r, c, warp)
-        self.compute_step(step_regs, accs)
-
-    @staticmethod
-    def x_slot(j, tau):
-        """Where 16-byte chunk j (0..15) of x token row tau sits in its row of the stage: j with bit 1 flipped for
-        j >= 8 and bit 0 flipped for odd tau, so the 8 lanes of a quarter-warp (two token rows, four lanes c reading
-        chunk 4c + v) read 8 distinct bank groups."""
-        return j ^ (((j >> 3) & 1) << 1) ^ (tau & 1)
-
-    @cute.jit
-    def copy_x(self, x_stage, stage, x_words, s, bidy, lane, warp, m):
-        """cp.async the x tile of step s (every token of the CTA, 256 bytes each a tile) into `stage`: lane i copies
-        chunks (i % 4) + 4q, q < 4, of token row i // 4, so each copy is 64 contiguous bytes of 8 rows at offsets the
-        instruction carries. Tokens past M are not copied: their rows feed only MMA columns that are never stored."""
-        cfg = self.cfg
-        tau = lane >> 2
-        jl = lane & 3
-        tok = bidy * cfg.tokens_per_cta + tau
-        row_bytes = Int64(x_words.layout.stride[0]) * 4
-        base = x_words.iterator.toint() + Int64(tok) * row_bytes + Int64(s) * (STEP_K * 2) + 16 * jl
-        for t in cutlass.range_constexpr(cfg.token_tiles):
-            if tok + 8 * t < m:
-                for q in cutlass.range_constexpr(4):
-                    dst = (x_stage.iterator + x_stage.layout((0, self.x_slot(4 * q + jl, tau), tau, t, stage,
-                                                               warp))).toint()
-                    cp_async_16(dst, base + row_bytes * (8 * t) + 64 * q)
-
-    @cute.jit
-    def read_x(self, rX, x_stage, stage, r, c, warp):
-        """This lane's x of the staged step: token r of each tile, chunks 4c..4c+3 (K 32c..32c+31)."""
-        for t in cutlass.range_constexpr(self.cfg.token_tiles):
-            for v in cutlass.range_constexpr(4):
-                cute.autovec_copy(x_stage[None, self.x_slot(4 * c + v, r), r, t, stage, warp],
-                                  cute.local_tile(rX[None, t], (4,), (v,)))
-
-    @cute.jit
-    def load_step(self, regs, x_words, w_words, sf, s, rows, toks, c, live, with_x=True):
+    def load_step(self, regs, x_words, w_words, sf, s, rows, toks, c, live):
         """Load 128-K step s (of this lane's part) into registers: 16 bytes of W and the scales per row, 64 bytes of x
-        per token (with_x False: W and the scales only)."""
+        per token."""
         cfg = self.cfg
         rW, rX, rS = regs
         if live:
@@ -541,7 +489,7 @@ class LinearW4A16:
             ] + [
                 (cute.local_tile(x_words[toks[t], None], (4,), (xq // 4 + v,)),
                  cute.local_tile(rX[None, t], (4,), (v,)), False)
-                for t in range(cfg.token_tiles) for v in range(4) if with_x
+                for t in range(cfg.token_tiles) for v in range(4)
             ]
             atom_w = load_atom(Uint32, 128, l1_no_allocate=True)
             atom_x = load_atom(Uint32, 128)
@@ -640,34 +588,14 @@ class LinearW4A16:
         acc = accs[0]
         n_full = k // cfg.step_k
         my_steps = (n_full - kq + k_lanes - 1) // k_lanes
-        x_stage = None
-        if const_expr(cfg.x_smem):
-            # Per warp, two stages of its step's x tile: 16-byte chunk j of token row tau of tile t at position
-            # x_slot(j, tau) (a swizzle that keeps each quarter-warp's 128-bit reads on distinct banks).
-            x_stage = smem.allocate_tensor(
-                Uint32, cute.make_layout((4, 16, 8, cfg.token_tiles, 2, self.warps)), 16)
         # Loads go straight to registers, one step at a time. A second register buffer (loads of the next step
         # in flight), a per-thread cp.async ring of W in shared memory, a producer warp's bulk-copy ring, and L2
         # prefetches a few steps ahead were all slower on the H200: the loop's issue slots and the warps that stay
         # resident decide, not bytes in flight (BENCHMARKS.md, "The W4A16 linear").
-        if const_expr(cfg.x_smem):
-            # Two stages in turn, the loop unrolled by two so that each stage's addresses are fixed.
-            if my_steps > 0:
-                self.copy_x(x_stage, 0, x_words, kq, bidy, lane, warp, m)
-            cute.arch.cp_async_commit_group()
-            for st2 in cutlass.range(my_steps // 2, unroll=1):
-                for half in cutlass.range_constexpr(2):
-                    st = 2 * st2 + half
-                    self.x_smem_step(st, half, my_steps, accs, x_stage, x_words, w_words, sf, kq, k_lanes, rows,
-                                     toks, bidy, lane, warp, r, c, m)
-            if my_steps % 2 == 1:
-                self.x_smem_step(my_steps - 1, 0, my_steps, accs, x_stage, x_words, w_words, sf, kq, k_lanes, rows,
-                                 toks, bidy, lane, warp, r, c, m)
-        else:
-            for st in cutlass.range(my_steps, unroll=cfg.unroll):
-                step_regs = self.make_regs()
-                self.load_step(step_regs, x_words, w_words, sf, (kq + st * k_lanes) * kp + part, rows, toks, c, True)
-                self.compute_step(step_regs, accs)
+        for st in cutlass.range(my_steps, unroll=cfg.unroll):
+            step_regs = self.make_regs()
+            self.load_step(step_regs, x_words, w_words, sf, (kq + st * k_lanes) * kp + part, rows, toks, c, True)
+            self.compute_step(step_regs, accs)
         if k % cfg.step_k != 0:
             # The last partial step (64 K elements, or with two parts 64, 128 or 192): a lane whose 32 codes lie
             # past K multiplies zeros.

@@ -1,6 +1,6 @@
 """Inline PTX from CuTe DSL code: one helper for every `asm` statement the kernels use."""
 
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Float32, Int32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -58,11 +58,3 @@ def ld_shared_cluster_f32(smem_addr, rank, *, loc=None, ip=None) -> Float32:
         "=f,r,r,~{memory}", side_effects=True, loc=loc, ip=ip,
     )
     return Float32(v)
-
-
-@dsl_user_op
-def cp_async_16(smem_addr, gmem_addr, *, loc=None, ip=None) -> None:
-    """`cp.async.cg.shared.global` of 16 bytes from global address `gmem_addr` to shared address `smem_addr` (L2
-    only, no registers held while it flies; `cp.async.commit_group` / `wait_group` order it)."""
-    inline_ptx(None, [Int32(smem_addr).ir_value(loc=loc, ip=ip), Int64(gmem_addr).ir_value(loc=loc, ip=ip)],
-               "cp.async.cg.shared.global [$0], [$1], 16;", "r,l,~{memory}", side_effects=True, loc=loc, ip=ip)

@@ -23,8 +23,6 @@ PTX_CASES = [
     dict(fmt="mxfp4", x_dtype="fp16", k_parts=2, groups=2, k_warps=4, k_splits=2),
     dict(fmt="nvfp4", x_dtype="bf16", k_parts=2, acc_sets=2),
     dict(fmt="mxfp4", x_dtype="fp16", token_tiles=2, groups=2, k_warps=2, acc_sets=2),
-    dict(fmt="nvfp4", x_dtype="bf16", token_tiles=2, x_smem=True),
-    dict(fmt="mxfp4", x_dtype="fp16", row_warps=2, k_warps=4, k_splits=2, x_smem=True),
 ]
 
 
@@ -67,8 +65,6 @@ def test_ptx_facts(ptx, kw, arch):
     assert (text.count("barrier.cluster.wait") == 2 and "ld.shared::cluster.f32" in text) == (cfg.k_splits > 1)
     # Two K parts a row: the odd lane's part reaches the even lane by one butterfly shuffle per stored pair.
     assert text.count("shfl.sync.bfly") == (2 * cfg.groups if cfg.k_parts == 2 else 0)
-    # x through shared memory: 16-byte cp.async copies, committed and waited on in groups.
-    assert ("cp.async.cg.shared.global" in text and "cp.async.wait_group" in text) == cfg.x_smem
     # Deterministic: no float atomics anywhere.
     for line in text.splitlines():
         assert not (line.strip().startswith(("atom.", "red.")) and ".f32" in line), line
@@ -383,32 +379,6 @@ def test_two_accumulator_sets(fmt, layout, dtype):
     xi = torch.randint(-2, 3, (3, k)).to(dtype).cuda()
     one = _run(xi, w, unit.cuda(), fmt, layout, k_warps=4)
     two = _run(xi, w, unit.cuda(), fmt, layout, k_warps=4, acc_sets=2)
-    assert torch.equal(one.view(torch.int16), two.view(torch.int16))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt,layout", LAYOUTS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-def test_x_through_shared_memory(fmt, layout, dtype):
-    """x_smem (each warp copies its next step's x tile into shared memory with cp.async) against the reference at
-    5-16 tokens, one and two token tiles, one and two groups, row-warps, a partial last step and a cluster, with a
-    last token tile only partly inside M; and the same bits as x from registers on small-integer data with unit
-    scales, where every sum is exact."""
-    n, k = 203, 2880 + 64
-    w, scale, plain = _operands(n, k, fmt, layout)
-    w, scale = w.cuda(), scale.cuda()
-    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
-    bias = torch.randn(n).to(dtype).cuda()
-    for m, cfg in [(5, dict(k_warps=8)), (8, dict(groups=2, k_warps=4)), (13, dict(token_tiles=2, k_warps=2)),
-                   (16, dict(token_tiles=2, groups=2, k_warps=4, acc_sets=2)), (24, dict(token_tiles=2)),
-                   (8, dict(row_warps=2, k_warps=4)), (7, dict(k_warps=4, k_splits=2)), (1, dict(k_warps=1))]:
-        x = torch.randn(m, k).to(dtype).cuda()
-        y = _run(x, w, scale, fmt, layout, gs, bias, k_parts=1, x_smem=True, **cfg)
-        _check(y, x, w, plain, fmt, gs, bias)
-    unit = _unit_scales(n, k, fmt, layout)
-    xi = torch.randint(-2, 3, (11, k)).to(dtype).cuda()
-    one = _run(xi, w, unit.cuda(), fmt, layout, k_parts=1, token_tiles=2, k_warps=4)
-    two = _run(xi, w, unit.cuda(), fmt, layout, k_parts=1, token_tiles=2, k_warps=4, x_smem=True)
     assert torch.equal(one.view(torch.int16), two.view(torch.int16))
 
 
