@@ -182,15 +182,19 @@ def test_register_table_matches_ptxas(tmp_path):
 
     from registers import allocated_registers
 
-    def allocated(g, t, kw, cap=0):
+    def allocated(g, t, kw, cap=0, sets=1):
         return allocated_registers(
             "linear_w4a16", "LinearW4A16",
-            f"groups={g}, token_tiles={t}, k_warps={kw}, max_registers={cap}", tmp_path / f"g{g}t{t}kw{kw}c{cap}",
+            f"groups={g}, token_tiles={t}, k_warps={kw}, max_registers={cap}, acc_sets={sets}",
+            tmp_path / f"g{g}t{t}kw{kw}c{cap}a{sets}",
         )
 
     for (g, t), table in kernels.REGISTERS.items():
         got = [allocated(g, t, kw) for kw in (4, 8)]
         assert max(got) == table, ((g, t), got, table)
+    # Two accumulator sets are taken only where the table already counts what they need (kernels.acc_sets_for).
+    for kw in (4, 8):
+        assert allocated(2, 2, kw, sets=kernels.acc_sets_for(2, 2, "nvfp4", "bf16")) <= kernels.REGISTERS[(2, 2)]
     for (g, t), cap in kernels.CAPS.items():
         for kw in (4, 8):
             assert allocated(g, t, kw, cap) == cap, ((g, t), kw, cap)

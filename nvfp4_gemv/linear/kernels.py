@@ -188,6 +188,8 @@ def k_parts_for(m: int, n: int, k: int, sms: int) -> int:
 # 43 % on 28672 x 4096 at M = 1, where 2-group CTAs at 72 registers go to 80), and 4-10 % faster on the 16-token
 # CTAs of two groups, whose registers the resident-warp model already counts at 128 (28672 x 4096 and 14336 x 4096
 # at M = 16). MXFP4 with fp16 x (x as bf16 hi + lo, twice the MMAs) goes to 143 registers there, so it keeps one.
+# Checked on 10 shapes at M = 12-64, 8 of them new (docs/linear_h200_acc_sets_check.csv): 0.931 of one set's time
+# over the 90 points that take two sets (0.937 on the new shapes), worst 1.031 (8-k-warp CTAs, NVFP4).
 def acc_sets_for(groups: int, token_tiles: int, fmt: str, x_dtype: str) -> int:
     """Accumulator sets a config takes: two for two groups of two token tiles (not MXFP4 with fp16 x), else one."""
     return 2 if (groups, token_tiles) == (2, 2) and not (fmt == "mxfp4" and x_dtype == "fp16") else 1
