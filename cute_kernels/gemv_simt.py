@@ -30,15 +30,20 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float16, Float32, Int32, Uint8, Uint32, const_expr
+from cutlass import Float16, Float32, Int32, Int64, Uint8, Uint32, const_expr
 
 from cute_kernels import decode
-from cute_kernels.compile import GemvLaunch, SmemAllocator, gemv_fake_tensors, load_atom
+from cute_kernels import tile_scheduler as ts
+from cute_kernels.compile import (
+    GemvLaunch, SmemAllocator, atomic_add_acq_rel_gpu, gemv_fake_tensors, global_ptr, launch, load_atom,
+    load_relaxed_gpu_f32,
+)
 from cute_kernels.ptx import cluster_sync, ld_shared_cluster_f32
 from layouts.constants import SF_KINDS
 from layouts.sf_cute import sf_layout_by_col
 
 PIECE_K = 32  # K elements per thread per step: one 16-byte load of A
+REGISTER_FILE = 65536  # 32-bit registers of an SM (sm_90 and sm_100)
 PIECE_WORDS = PIECE_K // 8
 
 
@@ -52,6 +57,7 @@ class GemvSimtConfig:
     rows_per_thread: int = 1  # r values per thread; a CTA covers 4·r_lanes·rows_per_thread rows of one slab
     unroll: int = 2  # unroll of the K-step loop
     k_splits: int = 1  # CTAs of a thread-block cluster that split K for the same rows (their sums meet in shared memory)
+    max_registers: int = 0  # GemvSimtStreamK only: 0, as ptxas likes; else a cap (ptxas is told the CTAs an SM holds)
 
     def __post_init__(self):
         if self.sf_kind not in SF_KINDS:
@@ -99,6 +105,19 @@ class GemvSimt(GemvLaunch):
     @cute.jit
     def build(self, mA, mB, mSFA, mSFB, mC):
         """Trace-time views and grid shared by every launch path: (kernel call, launch keywords)."""
+        a_words, b_words, sfa, sfb, c_ml = self.views(mA, mB, mSFA, mSFB, mC)
+        m, k, l = mA.shape
+        n_slabs = (m + 127) // 128
+        splits = self.cfg.k_splits
+        shape = dict(grid=[n_slabs * self.cfg.ctas_per_slab * splits, l, 1], block=[32 * self.warps, 1, 1])
+        if const_expr(splits > 1):
+            shape["cluster"] = [splits, 1, 1]  # consecutive CTAs: one row block, K split over them
+        return self.kernel(a_words, b_words, sfa, sfb, c_ml, m, k), shape
+
+    @cute.jit
+    def views(self, mA, mB, mSFA, mSFB, mC):
+        """The operands as the kernels index them: A and b as 32-bit words, the scales by (row, column, batch)
+        through a `layouts/` layout, c as (M, L)."""
         m, k, l = mA.shape
         kw = k // 8
         # Packed fp4 as 32-bit words (8 codes a word, the lowest nibble first), with the tensors' own row and batch
@@ -118,12 +137,7 @@ class GemvSimt(GemvLaunch):
             cute.recast_ptr(mSFB.iterator, dtype=Uint8), sf_layout_by_col(self.cfg.sf_kind, 128, k, l)
         )
         c_ml = cute.make_tensor(mC.iterator, cute.make_layout((m, l), stride=(1, mC.stride[2])))
-        n_slabs = (m + 127) // 128
-        splits = self.cfg.k_splits
-        shape = dict(grid=[n_slabs * self.cfg.ctas_per_slab * splits, l, 1], block=[32 * self.warps, 1, 1])
-        if const_expr(splits > 1):
-            shape["cluster"] = [splits, 1, 1]  # consecutive CTAs: one row block, K split over them
-        return self.kernel(a_words, b_words, sfa, sfb, c_ml, m, k), shape
+        return a_words, b_words, sfa, sfb, c_ml
 
     @cute.jit
     def load_once(self, src: cute.Tensor, dst: cute.Tensor):
@@ -187,6 +201,25 @@ class GemvSimt(GemvLaunch):
         r = (bidx % cfg.ctas_per_slab) * (cfg.rows_per_cta // 4) + tidx % cfg.r_lanes + cfg.r_lanes * i
         return slab * 128 + q * 32 + r
 
+    @cute.jit
+    def row_sums_to_smem(self, acc, red, ri, c, warp):
+        """Each row's sum over the lanes of this warp (a butterfly over c), into red[row slot, warp]."""
+        cfg = self.cfg
+        for i in cutlass.range_constexpr(self.rr):
+            for q in cutlass.range_constexpr(4):
+                v = acc[i, q]
+                for sh in cutlass.range_constexpr(cfg.c_lanes.bit_length() - 1):
+                    v = v + cute.arch.shuffle_sync_bfly(v, offset=1 << sh)
+                if c == 0:
+                    red[(q * self.rr + i) * cfg.r_lanes + ri, warp] = v
+
+    def warp_sum(self, red, slot):
+        """Row slot `slot` summed over the CTA's warps, in warp order (after a barrier behind row_sums_to_smem)."""
+        s = red[slot, 0]
+        for w in range(1, self.warps):
+            s = s + red[slot, w]
+        return s
+
     @cute.kernel
     def kernel(
         self,
@@ -243,20 +276,11 @@ class GemvSimt(GemvLaunch):
             self.load_piece(bufs, a_words, b_words, sfa, sfb, tail, slab, r_first, m, bidl)
             self.compute_piece(bufs, acc, tail, luts)
 
-        # Lanes of a row (butterfly over c), then warps in order: a fixed summation tree.
-        for i in cutlass.range_constexpr(self.rr):
-            for q in cutlass.range_constexpr(4):
-                v = acc[i, q]
-                for sh in cutlass.range_constexpr(cfg.c_lanes.bit_length() - 1):
-                    v = v + cute.arch.shuffle_sync_bfly(v, offset=1 << sh)
-                if c == 0:
-                    red[(q * self.rr + i) * cfg.r_lanes + ri, warp] = v
+        self.row_sums_to_smem(acc, red, ri, c, warp)
         cute.arch.sync_threads()
         if tidx < cfg.rows_per_cta:
             row = self.summed_row(tidx, bidx, slab)
-            s = red[tidx, 0]
-            for w in cutlass.range_constexpr(1, self.warps):
-                s = s + red[tidx, w]
+            s = self.warp_sum(red, tidx)
             if const_expr(splits == 1):
                 if row < m:
                     c_ml[row, bidl] = s.to(Float16)
@@ -275,3 +299,182 @@ class GemvSimt(GemvLaunch):
                 if row < m:
                     c_ml[row, bidl] = s.to(Float16)
             cluster_sync()
+
+
+class GemvSimtStreamK(GemvSimt):
+    """The CUDA-core GEMV on a K-balanced schedule: the grid is what the SMs hold at once (`num_ctas`, a launch
+    argument), and every CTA reads the same number of K steps, to within one, whatever the shape.
+
+    The work is every (row tile, K step) pair: a row tile is the rows_per_cta rows (and one batch) that a CTA of
+    `GemvSimt` owns, a K step the c_lanes x warps pieces its warps read at once. `cute_kernels.tile_scheduler`
+    gives CTA g the contiguous run [g·W/G, (g+1)·W/G) of the W pairs, K fastest, so a run is whole tiles plus at
+    most a head and a tail of a tile that other CTAs share. A shared tile is finished by the CTA that arrives last
+    on its int32 counter: it adds the fp32 partials that every sharing CTA left in the workspace, in CTA order, and
+    returns the counter to zero. The order of every sum is fixed by the shape and `num_ctas`, so results are
+    bit-identical run to run; there are no float atomics. Inside a run the loop is `GemvSimt`'s, step for step.
+
+    Why: `GemvSimt`'s grid is one CTA per row tile, so the warps in flight are quantized by the row count
+    (7168 x 16384 x 1: 896 tiles of 4 warps fill 85 % of the H200's warp slots; 10240 x 8192 x 1: 61 %), and a
+    grid that spills over holds a second, partial wave. This schedule fills the slots on every shape, at the cost of
+    a workspace round trip for the tiles that CTAs share (BENCHMARKS.md, "A K-balanced schedule")."""
+
+    def __init__(self, config: GemvSimtConfig, target):
+        if config.k_splits != 1 or config.rows_per_thread != 1:
+            raise ValueError(f"GemvSimtStreamK takes k_splits = 1 and rows_per_thread = 1, got {config}")
+        super().__init__(config, target)
+
+    @staticmethod
+    def fake_operands(config: GemvSimtConfig):
+        """Fake (a, b, sfa, sfb, c, partial, arrival, num_ctas): the contest operands and the workspace."""
+        from cutlass.cute.runtime import make_fake_compact_tensor
+
+        partial = make_fake_compact_tensor(Float32, (cute.sym_int(),), assumed_align=16)
+        arrival = make_fake_compact_tensor(Int32, (cute.sym_int(),), assumed_align=4)
+        return (*gemv_fake_tensors(config.sf_kind), partial, arrival, Int32(132))
+
+    @staticmethod
+    def fake_pointer_extras(config: GemvSimtConfig):
+        """The workspace arguments of the pointer call path: addresses of partial and arrival, and num_ctas."""
+        return (Int64(16), Int64(16), Int32(132))
+
+    @staticmethod
+    def tiles(config: GemvSimtConfig, m: int, k: int, l: int):  # noqa: E741
+        """(row tiles, K steps a tile): the schedule's work is their product. Plain integer arithmetic, so the
+        same formula runs on the host (ints) and in the kernel (Int32)."""
+        n_pieces = k // PIECE_K
+        per_step = config.c_lanes * config.warps
+        return ((m + 127) // 128) * config.ctas_per_slab * l, (n_pieces + per_step - 1) // per_step
+
+    @classmethod
+    def workspace_shape(cls, config: GemvSimtConfig, num_ctas: int, m: int, k: int, l: int):  # noqa: E741
+        """(fp32 partial elements, int32 counters) that a launch of `num_ctas` CTAs needs."""
+        return ts.workspace_elems(num_ctas, config.rows_per_cta), cls.tiles(config, m, k, l)[0]
+
+    @cute.jit
+    def extra_views(self, m, l, partial_addr, arrival_addr, num_ctas):  # noqa: E741
+        """The workspace as tensors, from the pointer call path's addresses: (partial, arrival, num_ctas)."""
+        rows = self.cfg.rows_per_cta
+        partial = cute.make_tensor(global_ptr(Float32, partial_addr), cute.make_layout(ts.workspace_elems(num_ctas, rows)))
+        n_tiles = ((m + 127) // 128) * self.cfg.ctas_per_slab * l
+        arrival = cute.make_tensor(global_ptr(Int32, arrival_addr, 4), cute.make_layout(n_tiles))
+        return partial, arrival, num_ctas
+
+    @cute.jit
+    def __call__(self, mA: cute.Tensor, mB: cute.Tensor, mSFA: cute.Tensor, mSFB: cute.Tensor, mC: cute.Tensor,
+                 mPartial: cute.Tensor, mArrival: cute.Tensor, num_ctas: Int32, stream=None):
+        a_words, b_words, sfa, sfb, c_ml = self.views(mA, mB, mSFA, mSFB, mC)
+        m, k, l = mA.shape
+        call = self.kernel(a_words, b_words, sfa, sfb, c_ml, mPartial, mArrival, m, k, l, num_ctas)
+        shape = dict(grid=[num_ctas, 1, 1], block=[32 * self.warps, 1, 1])
+        if const_expr(self.cfg.max_registers > 0):
+            # ptxas caps the registers so that this many CTAs fit an SM (nvvm.minctasm). The shared-memory carve-out
+            # goes with it (those CTAs' row sums and lookup tables, with 1 KB a CTA reserved, in percent of 228 KB):
+            # the DSL would otherwise ask the device.
+            ctas = REGISTER_FILE // (self.cfg.max_registers * 32 * self.warps)
+            smem = ctas * (4 * self.cfg.rows_per_cta * self.warps + 4 * 2 * 32 + 16 + 1024)
+            shape.update(min_blocks_per_mp=ctas, preferred_smem_carveout=-(-100 * smem // (228 * 1024)))
+        launch(call, shape, stream=stream)
+
+    @cute.kernel
+    def kernel(
+        self,
+        a_words: cute.Tensor,
+        b_words: cute.Tensor,
+        sfa: cute.Tensor,
+        sfb: cute.Tensor,
+        c_ml: cute.Tensor,
+        mPartial: cute.Tensor,
+        mArrival: cute.Tensor,
+        m: Int32,
+        k: Int32,
+        l: Int32,  # noqa: E741
+        num_ctas: Int32,
+    ):
+        cfg = self.cfg
+        rows = cfg.rows_per_cta
+        tidx, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        warp = tidx // 32
+        ri = lane // cfg.c_lanes
+        c = lane % cfg.c_lanes
+
+        n_pieces = k >> (PIECE_K.bit_length() - 1)
+        pieces_per_step = cfg.c_lanes * self.warps
+        n_full = n_pieces // pieces_per_step  # full K steps of a tile; a last, partial one runs guarded
+        tiles_per_batch = ((m + 127) // 128) * cfg.ctas_per_slab
+        k_tiles = (n_pieces + pieces_per_step - 1) // pieces_per_step
+        # Int32 schedule arithmetic: the launcher takes this kernel only where num_ctas x the work fits (fits_int32).
+        total = tiles_per_batch * l * k_tiles
+        g_count = ts.effective_ctas(num_ctas, total, cutlass.min)
+        w, w_end = ts.cta_run(cta, num_ctas, total, cutlass.min)
+
+        smem = SmemAllocator()
+        red = smem.allocate_tensor(Float32, cute.make_layout((rows, self.warps)), 16)
+        arrived = smem.allocate_tensor(Int32, cute.make_layout(1), 4)
+        lut_slots = smem.allocate_tensor(Uint32, cute.make_layout((2, 32)), 16)
+        luts = decode.lut_registers(self.arch, lut_slots[None, lane])
+        acc = cute.make_rmem_tensor(cute.make_layout((1, 4)), Float32)
+        piece0 = warp * cfg.c_lanes + c
+        while w < w_end:
+            tile, k0, k1, w_next = ts.next_segment(w, w_end, k_tiles, cutlass.min)
+            bidx = tile % tiles_per_batch
+            bidl = tile // tiles_per_batch
+            slab = bidx // cfg.ctas_per_slab
+            r_first = (bidx % cfg.ctas_per_slab) * (rows // 4) + ri
+            acc.fill(0.0)
+            first_piece = piece0 + k0 * pieces_per_step
+            for st in cutlass.range(cutlass.min(k1, n_full) - k0, unroll=cfg.unroll):
+                piece = first_piece + st * pieces_per_step
+                bufs = self.make_buffers()
+                self.load_piece(bufs, a_words, b_words, sfa, sfb, piece, slab, r_first, m, bidl)
+                self.compute_piece(bufs, acc, piece, luts)
+            tail = piece0 + n_full * pieces_per_step
+            if k1 > n_full and tail < n_pieces:  # the tile's last, partial step is in this run: lanes past K idle
+                bufs = self.make_buffers()
+                self.load_piece(bufs, a_words, b_words, sfa, sfb, tail, slab, r_first, m, bidl)
+                self.compute_piece(bufs, acc, tail, luts)
+
+            self.row_sums_to_smem(acc, red, ri, c, warp)
+            cute.arch.sync_threads()
+            s = Float32(0.0)
+            row = self.summed_row(tidx, bidx, slab)
+            if tidx < rows:
+                s = self.warp_sum(red, tidx)
+            first = ts.tile_first_cta(tile, k_tiles, g_count, total)
+            last = ts.tile_last_cta(tile, k_tiles, g_count, total)
+            if first == last:
+                if tidx < rows and row < m:
+                    c_ml[row, bidl] = s.to(Float16)
+            else:
+                self.finish_shared_tile(s, row, bidl, tidx, tile, first, last, cta, k_tiles, g_count, total, c_ml,
+                                        mPartial, mArrival, arrived, m)
+            cute.arch.sync_threads()  # red and `arrived` are free for the next segment
+            w = w_next
+
+    @cute.jit
+    def finish_shared_tile(self, s, row, bidl, tidx, tile, first, last, g, k_tiles, g_count, total, c_ml, mPartial,
+                           mArrival, arrived, m):
+        """A tile shared by CTAs first..last: leave this CTA's partial row sums in the workspace and count its
+        arrival; the last to arrive adds every partial in CTA order, stores the rows and zeroes the counter."""
+        rows = self.cfg.rows_per_cta
+        slot = ts.partial_slot(g, tile, k_tiles, g_count, total, cutlass.min)
+        if tidx < rows:
+            mPartial[ts.partial_offset(g, slot, tidx, rows)] = s
+        cute.arch.fence_acq_rel_gpu()  # release: every writer fences, then one thread bumps the counter
+        cute.arch.sync_threads()
+        if tidx == 0:
+            arrived[0] = atomic_add_acq_rel_gpu((mArrival.iterator + Int32(tile)).llvm_ptr, Int32(1))
+        cute.arch.sync_threads()
+        if arrived[0] == last - first:
+            cute.arch.fence_acq_rel_gpu()
+            if tidx < rows:
+                total_s = Float32(0.0)
+                for cc in cutlass.range(first, last + 1, 1, unroll=4):
+                    c_slot = ts.partial_slot(cc, tile, k_tiles, g_count, total, cutlass.min)
+                    idx = ts.partial_offset(cc, c_slot, tidx, rows)
+                    total_s = total_s + load_relaxed_gpu_f32((mPartial.iterator + idx).llvm_ptr)
+                if row < m:
+                    c_ml[row, bidl] = total_s.to(Float16)
+            if tidx == 0:
+                mArrival[tile] = Int32(0)

@@ -138,6 +138,11 @@ class GemvTcSm100:
         return (*args, cutlass.Int32(SM100_NUM_SMS))
 
     @staticmethod
+    def workspace_shape(config: GemvTcSm100Config, num_ctas: int, m: int, k: int, l: int):  # noqa: E741
+        """(fp32 partial elements, int32 counters) that a launch of `num_ctas` CTAs needs."""
+        return ts.workspace_elems(num_ctas), ts.num_output_tiles(m, l)
+
+    @staticmethod
     def fake_pointer_extras(config: GemvTcSm100Config):
         """The workspace arguments of the pointer call path: addresses of partial (fp32) and arrival (int32), and
         num_ctas."""

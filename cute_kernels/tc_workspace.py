@@ -1,6 +1,7 @@
-"""Host side of the sm_100a tensor-core GEMV (cute_kernels.gemv_tc_sm100): its split-K workspace and one launch.
+"""Host side of the GEMVs on a K-balanced split schedule (the sm_100a tensor-core kernel, cute_kernels.gemv_tc_sm100,
+and the sm_90 CUDA-core one, gemv_simt.GemvSimtStreamK): their split-K workspace and one launch.
 
-The kernel leaves fp32 partials of tiles split across CTAs in a workspace and counts arrivals per output tile in
+Each kernel leaves fp32 partials of tiles split across CTAs in a workspace and counts arrivals per output tile in
 int32 counters that it returns to zero. Calls on different CUDA streams must not share them, so the workspace is
 kept per (device, stream); a new one is zeroed on the stream it serves before its first launch.
 """
@@ -18,14 +19,13 @@ class Workspace:
         self.partial = None
         self.arrival = None
 
-    def get(self, device, num_ctas: int, num_tiles: int):
+    def get(self, device, partial_elems: int, counters: int):
         import torch
 
-        need_p = ts.workspace_elems(num_ctas)
-        if self.partial is None or self.partial.numel() < need_p:
-            self.partial = torch.empty(need_p, dtype=torch.float32, device=device)
-        if self.arrival is None or self.arrival.numel() < num_tiles:
-            self.arrival = torch.zeros(num_tiles, dtype=torch.int32, device=device)
+        if self.partial is None or self.partial.numel() < partial_elems:
+            self.partial = torch.empty(partial_elems, dtype=torch.float32, device=device)
+        if self.arrival is None or self.arrival.numel() < counters:
+            self.arrival = torch.zeros(counters, dtype=torch.int32, device=device)
         return self.partial, self.arrival
 
 
@@ -54,36 +54,60 @@ def sm_count(device_index: int) -> int:
     return count
 
 
-class TcLauncher:
-    """`(a, b, sfa_permuted, sfb_permuted, c) -> None` for a compiled GemvTcSm100: picks num_ctas for the shape
-    and the device's SM count, supplies the workspace, and makes one launch.
+class SplitLauncher:
+    """`(a, b, sf_a, sf_b, c) -> None` for a compiled kernel on a K-balanced split schedule (`tile_scheduler`):
+    picks num_ctas for the shape and the device's SM count (`num_ctas_for(m, k, l, sms)`), supplies the workspace
+    that `kernel_cls.workspace_shape(config, num_ctas, m, k, l)` asks for, and makes one launch.
 
     `fn` is the compiled function, TVM-FFI (torch tensors) or the pointer path (`pointers=True`: the operands'
     addresses and M, K, L; the caller has validated the operands). `workspace_key()` names what the workspace is
-    kept per besides the device (the CUDA stream of the launch)."""
+    kept per besides the device (the CUDA stream of the launch). The CTA count and the workspace views are worked
+    out once per (device, workspace key, M, K, L): a later call is one dictionary lookup and the launch."""
 
-    def __init__(self, fn, config, pointers: bool = False, workspace_key=lambda: None):
+    def __init__(self, fn, kernel_cls, config, num_ctas_for, pointers: bool = False, workspace_key=lambda: None):
         self.fn = fn
+        self.kernel_cls = kernel_cls
         self.config = config
+        self.num_ctas_for = num_ctas_for
         self.pointers = pointers
         self.workspace_key = workspace_key
         self.workspaces: dict = {}
+        self.plans: dict = {}
 
-    def __call__(self, a, b, sfa_permuted, sfb_permuted, c):
+    def plan(self, a, m: int, k: int, l: int):  # noqa: E741
+        """(num_ctas, partial, arrival) of a launch on a's device and the current workspace key."""
         import torch
 
-        m, k2, l = a.shape  # noqa: E741
-        k = 2 * k2
-        if not GemvTcSm100.can_implement(m, k, l):
-            raise ValueError(f"gemv_tc_sm100: unsupported shape (M, K, L) = ({m}, {k}, {l}); K must be a multiple of 64")
         dev = a.device.index if a.device.index is not None else torch.cuda.current_device()
-        num_ctas = ts.choose_num_ctas(m, k, l, sm_count(dev), self.config.tile_k)
-        workspace = self.workspaces.setdefault((dev, self.workspace_key()), Workspace())
-        partial, arrival = workspace.get(a.device, num_ctas, ts.num_output_tiles(m, l))
+        wkey = (dev, self.workspace_key())
+        plan = self.plans.get((wkey, m, k, l))
+        if plan is None:
+            if not self.kernel_cls.can_implement(m, k, l):
+                raise ValueError(f"{self.kernel_cls.__name__}: unsupported shape (M, K, L) = ({m}, {k}, {l}); K must "
+                                 "be a multiple of 64")
+            num_ctas = self.num_ctas_for(m, k, l, sm_count(dev))
+            workspace = self.workspaces.setdefault(wkey, Workspace())
+            need = self.kernel_cls.workspace_shape(self.config, num_ctas, m, k, l)
+            plan = self.plans[(wkey, m, k, l)] = (num_ctas, *workspace.get(a.device, *need))
+        return plan
+
+    def __call__(self, a, b, sf_a, sf_b, c):
+        m, k2, l = a.shape  # noqa: E741
+        num_ctas, partial, arrival = self.plan(a, m, 2 * k2, l)
         if self.pointers:
             from cute_kernels.compile import operand_addresses
 
-            addresses = operand_addresses(a, b, sfa_permuted, sfb_permuted, c)
-            self.fn(*addresses, m, k, l, partial.data_ptr(), arrival.data_ptr(), num_ctas)
+            addresses = operand_addresses(a, b, sf_a, sf_b, c)
+            self.fn(*addresses, m, 2 * k2, l, partial.data_ptr(), arrival.data_ptr(), num_ctas)
         else:
-            self.fn(a, b, sfa_permuted, sfb_permuted, c, partial, arrival, num_ctas)
+            self.fn(a, b, sf_a, sf_b, c, partial, arrival, num_ctas)
+
+
+class TcLauncher(SplitLauncher):
+    """The SplitLauncher of GemvTcSm100: one CTA per SM, each with at least ts.MIN_K_TILES_PER_CTA K tiles."""
+
+    def __init__(self, fn, config, pointers: bool = False, workspace_key=lambda: None):
+        def num_ctas_for(m, k, l, sms):  # noqa: E741
+            return ts.choose_num_ctas(m, k, l, sms, config.tile_k)
+
+        super().__init__(fn, GemvTcSm100, config, num_ctas_for, pointers, workspace_key)

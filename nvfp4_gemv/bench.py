@@ -298,22 +298,60 @@ def _timer(timing: str, iters: int):
     return graph_time_us if timing == "graph" else (lambda fn, pool: contest_time_us(fn, pool, iters))
 
 
+def simt_call(cfg, schedule: str = "grid"):
+    """A call taking the contest tuple, of the CUDA-core kernel with `cfg` on torch's stream: one CTA per row tile
+    (schedule "grid", gemv_simt.GemvSimt) or the K-balanced schedule ("streamk", gemv_simt.GemvSimtStreamK, with
+    the grid and workspace that dispatch gives it)."""
+    from cute_kernels import gemv_simt
+
+    if schedule == "grid":
+        return on_permuted(on_torch_stream(gemv_simt.GemvSimt, cfg))
+    import functools
+
+    from cute_kernels.tc_workspace import SplitLauncher
+    from nvfp4_gemv.dispatch import streamk_num_ctas
+
+    fn = on_torch_stream(gemv_simt.GemvSimtStreamK, cfg)
+    launcher = SplitLauncher(fn, gemv_simt.GemvSimtStreamK, cfg, functools.partial(streamk_num_ctas, cfg),
+                             workspace_key=lambda: torch.cuda.current_stream().cuda_stream)
+    return on_permuted(launcher)
+
+
+def dispatch_choice(m, k, l):  # noqa: E741
+    """(kernel class, config) that dispatch picks for the shape on this GPU (permuted scales)."""
+    from nvfp4_gemv.dispatch import simt_choice
+
+    return simt_choice(m, k, l, "permuted", torch.cuda.get_device_properties(0).multi_processor_count)
+
+
+def _dispatch_description(m, k, l):  # noqa: E741
+    cls, cfg = dispatch_choice(m, k, l)
+    return f"{cls.__name__} warps={cfg.warps} unroll={cfg.unroll} max_registers={cfg.max_registers}"
+
+
 def sweep_simt_configs(shapes, configs, log=print, timing: str = "graph", iters: int = 50):
-    """µs of the CUDA-core kernel for each config on each shape, graph-timed (kernel time only, L2 defeated by the
-    rotated pool) or contest-timed (`iters` calls, each after the contest's L2 flush); returns {(shape, config): µs}.
-    Used to fit the config choice in nvfp4_gemv.dispatch."""
-    from cute_kernels.gemv_simt import GemvSimt
+    """µs of the CUDA-core kernel for each (schedule, config) on each shape, graph-timed (kernel time only, L2
+    defeated by the rotated pool) or contest-timed (`iters` calls, each after the contest's L2 flush); returns
+    {(shape, (schedule, config)): µs}. Used to fit the config choice in nvfp4_gemv.dispatch."""
     from submission.reference import generate_input
 
     time_us = _timer(timing, iters)
     out = {}
     for m, k, l in shapes:  # noqa: E741
         pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
-        for cfg in configs:
-            us = time_us(on_permuted(on_torch_stream(GemvSimt, cfg)), pool)
-            out[((m, k, l), cfg)] = us
-            log(f"{m:>6} {k:>6} {l:>2}  warps={cfg.warps:<2} r_lanes={cfg.r_lanes} rows/thr={cfg.rows_per_thread} "
-                f"unroll={cfg.unroll} k_splits={cfg.k_splits} {us:8.2f} us ({timing})")
+        for schedule, cfg in configs:
+            if schedule == "dispatched":  # what custom_kernel picks for the shape (cfg None)
+                from nvfp4_gemv.kernel import custom_kernel
+
+                us = time_us(custom_kernel, pool)
+                out[((m, k, l), (schedule, cfg))] = us
+                log(f"{m:>6} {k:>6} {l:>2}  dispatched {_dispatch_description(m, k, l)} {us:8.2f} us ({timing})")
+                continue
+            us = time_us(simt_call(cfg, schedule), pool)
+            out[((m, k, l), (schedule, cfg))] = us
+            log(f"{m:>6} {k:>6} {l:>2}  {schedule:<7} warps={cfg.warps:<2} r_lanes={cfg.r_lanes} "
+                f"rows/thr={cfg.rows_per_thread} unroll={cfg.unroll} k_splits={cfg.k_splits} "
+                f"max_registers={cfg.max_registers} {us:8.2f} us ({timing})")
         del pool
         torch.cuda.empty_cache()
     return out
@@ -321,8 +359,8 @@ def sweep_simt_configs(shapes, configs, log=print, timing: str = "graph", iters:
 
 def sweep_fields(timing: str = "graph") -> tuple:
     """The columns of a sweep's rows: the config, then its µs and the stream read's under `timing`."""
-    return ("m", "k", "l", "warps", "r_lanes", "unroll", "rows_per_thread", "k_splits", f"{timing}_us",
-            f"read_{timing}_us", "x_read")
+    return ("m", "k", "l", "schedule", "warps", "r_lanes", "unroll", "rows_per_thread", "k_splits", "max_registers",
+            f"{timing}_us", f"read_{timing}_us", "x_read")
 
 
 def sweep_rows(shapes, configs, log=print, timing: str = "graph", iters: int = 50):
@@ -336,11 +374,16 @@ def sweep_rows(shapes, configs, log=print, timing: str = "graph", iters: int = 5
         fn, pool = stream_read_variant(bytes_moved(m, k, l))
         read = time_us(fn, pool)
         del pool
-        for cfg in configs:
-            us = results[((m, k, l), cfg)]
-            rows.append({"m": m, "k": k, "l": l, "warps": cfg.warps, "r_lanes": cfg.r_lanes, "unroll": cfg.unroll,
-                         "rows_per_thread": cfg.rows_per_thread, "k_splits": cfg.k_splits, f"{timing}_us": us,
-                         f"read_{timing}_us": read, "x_read": us / read})
+        for schedule, cfg in configs:
+            us = results[((m, k, l), (schedule, cfg))]
+            if cfg is None:
+                cfg = dispatch_choice(m, k, l)
+                schedule = f"dispatched {'streamk' if cfg[0].__name__.endswith('StreamK') else 'grid'}"
+                cfg = cfg[1]
+            rows.append({"m": m, "k": k, "l": l, "schedule": schedule, "warps": cfg.warps, "r_lanes": cfg.r_lanes,
+                         "unroll": cfg.unroll, "rows_per_thread": cfg.rows_per_thread, "k_splits": cfg.k_splits,
+                         "max_registers": cfg.max_registers, f"{timing}_us": us, f"read_{timing}_us": read,
+                         "x_read": us / read})
         best = min(r["x_read"] for r in rows[-len(configs):])
         log(f"{m:>6} {k:>6} {l:>2}  stream read {read:8.2f} us ({timing}); best config x{best:.3f}")
     return rows

@@ -26,7 +26,7 @@ import torch
 
 from cute_kernels import gemv_simt, gemv_tc_sm100
 from cute_kernels.compile import compile_kernel, operand_addresses, raw_function, target
-from cute_kernels.tc_workspace import TcLauncher, sm_count
+from cute_kernels.tc_workspace import SplitLauncher, TcLauncher, sm_count
 from cute_kernels.tc_workspace import capability as device_capability
 from nvfp4_gemv.validate import validate_inputs
 
@@ -159,6 +159,50 @@ def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int 
     return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2)
 
 
+# The K-balanced schedule (gemv_simt.GemvSimtStreamK): its configs are (warps, unroll, register cap); the cap is what
+# decides how many CTAs an SM holds (ptxas is told it, so the table cannot drift from the compiler).
+STREAMK_CONFIGS = ((1, 2, 72), (2, 2, 64), (4, 2, 64), (2, 1, 56), (8, 4, 64))
+STREAMK_MIN_STEPS = 1  # K steps a CTA gets at least (bounds how many CTAs share a tile)
+
+
+def streamk_config(sf_kind: str, warps: int, unroll: int, max_registers: int) -> gemv_simt.GemvSimtConfig:
+    return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=warps, r_lanes=2, unroll=unroll,
+                                    max_registers=max_registers)
+
+
+def streamk_num_ctas(config: gemv_simt.GemvSimtConfig, m: int, k: int, l: int, sms: int) -> int:  # noqa: E741
+    """The grid of the K-balanced schedule: every CTA the SMs hold at once (at the config's register cap), with at
+    least STREAMK_MIN_STEPS K steps each, and never fewer than one."""
+    tiles, k_tiles = gemv_simt.GemvSimtStreamK.tiles(config, m, k, l)
+    resident = sms * ctas_per_sm(config.max_registers, config.warps)
+    return max(1, min(resident, tiles * k_tiles // STREAMK_MIN_STEPS))
+
+
+def streamk_fits(config: gemv_simt.GemvSimtConfig, m: int, k: int, l: int, sms: int) -> bool:  # noqa: E741
+    """Whether the kernel's Int32 schedule arithmetic holds for this shape: CTA index x work items < 2³¹."""
+    tiles, k_tiles = gemv_simt.GemvSimtStreamK.tiles(config, m, k, l)
+    return streamk_num_ctas(config, m, k, l, sms) * tiles * k_tiles < 2**31
+
+
+STREAMK_BELOW_WAVE = 0.8  # the K-balanced schedule where the model's one-wave grid fills less of the warp slots
+STREAMK_DEFAULT = (2, 2, 64)
+
+
+def simt_choice(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int = H200_SMS):  # noqa: E741
+    """(kernel class, config) of the CUDA-core GEMV for (M, K, L) on `sms` SMs: `simt_config_for`'s config, or the
+    K-balanced schedule where that config's grid is one wave that leaves the SMs' warp slots under
+    STREAMK_BELOW_WAVE full (BENCHMARKS.md, "A K-balanced schedule")."""
+    cfg = simt_config_for(m, k, l, sf_kind, sms)
+    slabs = -(-m // 128) * l
+    key = (cfg.warps, cfg.r_lanes, cfg.unroll)
+    if cfg.k_splits == 1 and key in WAVE_REGISTERS[sf_kind] and slabs * (128 // 8) * 8 >= WARPS_PER_SM * sms:
+        n = waves(slabs, cfg.warps, cfg.r_lanes, WAVE_REGISTERS[sf_kind][key], sms)
+        sk = streamk_config(sf_kind, *STREAMK_DEFAULT)
+        if n < STREAMK_BELOW_WAVE and streamk_fits(sk, m, k, l, sms):
+            return gemv_simt.GemvSimtStreamK, sk
+    return gemv_simt.GemvSimt, cfg
+
+
 def simt_configs(sf_kind: str = "permuted") -> tuple:
     """Every config `simt_config_for` can return: what a compile-only check must build."""
     cfg = functools.partial(gemv_simt.GemvSimtConfig, sf_kind=sf_kind)
@@ -233,7 +277,7 @@ class Dispatcher:
             _require(gemv_tc_sm100.GemvTcSm100.can_implement, m, k, l)
             return gemv_tc_sm100.GemvTcSm100, TC_CONFIGS[variant], tgt
         _require(gemv_simt.GemvSimt.can_implement, m, k, l)
-        return gemv_simt.GemvSimt, simt_config_for(m, k, l, sf_kind, self.sms(capability)), tgt
+        return (*simt_choice(m, k, l, sf_kind, self.sms(capability)), tgt)
 
     def describe(self, capability, m: int, k: int, l: int, sf_kind: str = "permuted") -> str:  # noqa: E741
         """What `select` picks, in words: the kernel class and its config."""
@@ -249,7 +293,12 @@ class Dispatcher:
             pointers = self.call == "pointers"
             fn = compiled if pointers else raw_function(compiled)
             return TcLauncher(fn, config, pointers=pointers, workspace_key=self.workspace_key)
-        if self.call == "pointers":
+        pointers = self.call == "pointers"
+        if kernel_cls is gemv_simt.GemvSimtStreamK:
+            return SplitLauncher(compiled if pointers else raw_function(compiled), kernel_cls, config,
+                                 functools.partial(streamk_num_ctas, config), pointers=pointers,
+                                 workspace_key=self.workspace_key)
+        if pointers:
             return _on_pointers(compiled, m, k, l)
         return raw_function(compiled)
 
