@@ -31,19 +31,22 @@ from dataclasses import dataclass
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float16, Float32, Int32, Int64, Uint8, Uint32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T
 
 from cute_kernels import decode
 from cute_kernels import tile_scheduler as ts
-from cute_kernels.compile import (
-    GemvLaunch, SmemAllocator, atomic_add_acq_rel_gpu, gemv_fake_tensors, global_ptr, launch, load_atom,
-    load_relaxed_gpu_f32,
-)
+from cute_kernels.compile import GemvLaunch, SmemAllocator, gemv_fake_tensors, global_ptr, launch, load_atom
+from cute_kernels.ptx import ld_relaxed_gpu_b32, st_relaxed_gpu_b32
 from cute_kernels.ptx import cluster_sync, ld_shared_cluster_f32
 from layouts.constants import SF_KINDS
 from layouts.sf_cute import sf_layout_by_col
 
 PIECE_K = 32  # K elements per thread per step: one 16-byte load of A
 REGISTER_FILE = 65536  # 32-bit registers of an SM (sm_90 and sm_100)
+# GemvSimtStreamK's empty partial: a NaN no arithmetic makes (the GPU's NaN results are 0x7FFFFFFF), so a partial
+# row sum, NaN included, is never taken for it.
+PARTIAL_EMPTY = 0x7FBADBAD
 PIECE_WORDS = PIECE_K // 8
 
 
@@ -308,15 +311,20 @@ class GemvSimtStreamK(GemvSimt):
     The work is every (row tile, K step) pair: a row tile is the rows_per_cta rows (and one batch) that a CTA of
     `GemvSimt` owns, a K step the c_lanes x warps pieces its warps read at once. `cute_kernels.tile_scheduler`
     gives CTA g the contiguous run [g·W/G, (g+1)·W/G) of the W pairs, K fastest, so a run is whole tiles plus at
-    most a head and a tail of a tile that other CTAs share. A shared tile is finished by the CTA that arrives last
-    on its int32 counter: it adds the fp32 partials that every sharing CTA left in the workspace, in CTA order, and
-    returns the counter to zero. The order of every sum is fixed by the shape and `num_ctas`, so results are
-    bit-identical run to run; there are no float atomics. Inside a run the loop is `GemvSimt`'s, step for step.
+    most a head and a tail of a tile that other CTAs share. A shared tile is finished by the first CTA that shares
+    it, at the end of its run, from the fp32 partials the later ones left in the workspace at the start of theirs
+    (`finish_shared_tile`); the workspace holds PARTIAL_EMPTY between launches. The order of every sum is fixed by
+    the shape and `num_ctas`, so results are bit-identical run to run; there are no atomics, fences or counters.
+    Inside a run the loop is `GemvSimt`'s, step for step.
 
     Why: `GemvSimt`'s grid is one CTA per row tile, so the warps in flight are quantized by the row count
     (7168 x 16384 x 1: 896 tiles of 4 warps fill 85 % of the H200's warp slots; 10240 x 8192 x 1: 61 %), and a
     grid that spills over holds a second, partial wave. This schedule fills the slots on every shape, at the cost of
-    a workspace round trip for the tiles that CTAs share (BENCHMARKS.md, "A K-balanced schedule")."""
+    a workspace round trip for the tiles that CTAs share (BENCHMARKS.md, "A K-balanced schedule").
+
+    The arrival tensor of the launch signature (shared with the tensor-core kernel's SplitLauncher) is unused."""
+
+    PARTIAL_FILL = PARTIAL_EMPTY  # what a new workspace is filled with
 
     def __init__(self, config: GemvSimtConfig, target):
         if config.k_splits != 1 or config.rows_per_thread != 1:
@@ -347,16 +355,17 @@ class GemvSimtStreamK(GemvSimt):
 
     @classmethod
     def workspace_shape(cls, config: GemvSimtConfig, num_ctas: int, m: int, k: int, l: int):  # noqa: E741
-        """(fp32 partial elements, int32 counters) that a launch of `num_ctas` CTAs needs."""
-        return ts.workspace_elems(num_ctas, config.rows_per_cta), cls.tiles(config, m, k, l)[0]
+        """(fp32 partial elements, int32 counters) that a launch of `num_ctas` CTAs needs (no counters: one unused
+        word)."""
+        return ts.workspace_elems(num_ctas, config.rows_per_cta), 1
 
     @cute.jit
     def extra_views(self, m, l, partial_addr, arrival_addr, num_ctas):  # noqa: E741
         """The workspace as tensors, from the pointer call path's addresses: (partial, arrival, num_ctas)."""
         rows = self.cfg.rows_per_cta
-        partial = cute.make_tensor(global_ptr(Float32, partial_addr), cute.make_layout(ts.workspace_elems(num_ctas, rows)))
-        n_tiles = ((m + 127) // 128) * self.cfg.ctas_per_slab * l
-        arrival = cute.make_tensor(global_ptr(Int32, arrival_addr, 4), cute.make_layout(n_tiles))
+        partial = cute.make_tensor(global_ptr(Float32, partial_addr),
+                                   cute.make_layout(ts.workspace_elems(num_ctas, rows)))
+        arrival = cute.make_tensor(global_ptr(Int32, arrival_addr, 4), cute.make_layout(1))
         return partial, arrival, num_ctas
 
     @cute.jit
@@ -364,7 +373,7 @@ class GemvSimtStreamK(GemvSimt):
                  mPartial: cute.Tensor, mArrival: cute.Tensor, num_ctas: Int32, stream=None):
         a_words, b_words, sfa, sfb, c_ml = self.views(mA, mB, mSFA, mSFB, mC)
         m, k, l = mA.shape
-        call = self.kernel(a_words, b_words, sfa, sfb, c_ml, mPartial, mArrival, m, k, l, num_ctas)
+        call = self.kernel(a_words, b_words, sfa, sfb, c_ml, mPartial, m, k, l, num_ctas)
         shape = dict(grid=[num_ctas, 1, 1], block=[32 * self.warps, 1, 1])
         if const_expr(self.cfg.max_registers > 0):
             # ptxas caps the registers so that this many CTAs fit an SM (nvvm.minctasm). The shared-memory carve-out
@@ -384,7 +393,6 @@ class GemvSimtStreamK(GemvSimt):
         sfb: cute.Tensor,
         c_ml: cute.Tensor,
         mPartial: cute.Tensor,
-        mArrival: cute.Tensor,
         m: Int32,
         k: Int32,
         l: Int32,  # noqa: E741
@@ -411,7 +419,6 @@ class GemvSimtStreamK(GemvSimt):
 
         smem = SmemAllocator()
         red = smem.allocate_tensor(Float32, cute.make_layout((rows, self.warps)), 16)
-        arrived = smem.allocate_tensor(Int32, cute.make_layout(1), 4)
         lut_slots = smem.allocate_tensor(Uint32, cute.make_layout((2, 32)), 16)
         luts = decode.lut_registers(self.arch, lut_slots[None, lane])
         acc = cute.make_rmem_tensor(cute.make_layout((1, 4)), Float32)
@@ -448,33 +455,34 @@ class GemvSimtStreamK(GemvSimt):
                     c_ml[row, bidl] = s.to(Float16)
             else:
                 self.finish_shared_tile(s, row, bidl, tidx, tile, first, last, cta, k_tiles, g_count, total, c_ml,
-                                        mPartial, mArrival, arrived, m)
-            cute.arch.sync_threads()  # red and `arrived` are free for the next segment
+                                        mPartial, m)
+            cute.arch.sync_threads()  # red is free for the next segment
             w = w_next
 
     @cute.jit
-    def finish_shared_tile(self, s, row, bidl, tidx, tile, first, last, g, k_tiles, g_count, total, c_ml, mPartial,
-                           mArrival, arrived, m):
-        """A tile shared by CTAs first..last: leave this CTA's partial row sums in the workspace and count its
-        arrival; the last to arrive adds every partial in CTA order, stores the rows and zeroes the counter."""
+    def finish_shared_tile(self, s, row, bidl, tidx, tile, first, last, g, k_tiles, g_count, total, c_ml, mPartial, m):
+        """A tile shared by CTAs first..last. CTA `first` holds the tile's first K steps at the end of its run; every
+        later one holds later steps at the start of its run, so by the time `first` gets here they have long left
+        their partials. They store them and go on: no fence, no counter, nothing to wait for. `first` reads each
+        partial row as the L2 holds it until it is no longer PARTIAL_EMPTY (each is one 32-bit word, so it is
+        either old or whole), adds them in CTA order after its own, stores the rows and puts PARTIAL_EMPTY back,
+        which leaves the workspace as the next launch needs it. The wait needs the CTAs first..last resident at
+        once, which the grid (what the SMs hold) gives."""
         rows = self.cfg.rows_per_cta
-        slot = ts.partial_slot(g, tile, k_tiles, g_count, total, cutlass.min)
         if tidx < rows:
-            mPartial[ts.partial_offset(g, slot, tidx, rows)] = s
-        cute.arch.fence_acq_rel_gpu()  # release: every writer fences, then one thread bumps the counter
-        cute.arch.sync_threads()
-        if tidx == 0:
-            arrived[0] = atomic_add_acq_rel_gpu((mArrival.iterator + Int32(tile)).llvm_ptr, Int32(1))
-        cute.arch.sync_threads()
-        if arrived[0] == last - first:
-            cute.arch.fence_acq_rel_gpu()
-            if tidx < rows:
-                total_s = Float32(0.0)
-                for cc in cutlass.range(first, last + 1, 1, unroll=4):
+            if g != first:
+                slot = ts.partial_slot(g, tile, k_tiles, g_count, total, cutlass.min)
+                st_relaxed_gpu_b32((mPartial.iterator + ts.partial_offset(g, slot, tidx, rows)).llvm_ptr,
+                                   llvm.bitcast(T.i32(), s.ir_value()))
+            else:
+                acc = s
+                for cc in cutlass.range(first + 1, last + 1, 1):
                     c_slot = ts.partial_slot(cc, tile, k_tiles, g_count, total, cutlass.min)
-                    idx = ts.partial_offset(cc, c_slot, tidx, rows)
-                    total_s = total_s + load_relaxed_gpu_f32((mPartial.iterator + idx).llvm_ptr)
+                    ptr = (mPartial.iterator + ts.partial_offset(cc, c_slot, tidx, rows)).llvm_ptr
+                    bits = ld_relaxed_gpu_b32(ptr)
+                    while bits == Int32(PARTIAL_EMPTY):
+                        bits = ld_relaxed_gpu_b32(ptr)
+                    st_relaxed_gpu_b32(ptr, Int32(PARTIAL_EMPTY))
+                    acc = acc + Float32(llvm.bitcast(T.f32(), bits.ir_value()))
                 if row < m:
-                    c_ml[row, bidl] = total_s.to(Float16)
-            if tidx == 0:
-                mArrival[tile] = Int32(0)
+                    c_ml[row, bidl] = acc.to(Float16)

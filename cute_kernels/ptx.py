@@ -58,3 +58,18 @@ def ld_shared_cluster_f32(smem_addr, rank, *, loc=None, ip=None) -> Float32:
         "=f,r,r,~{memory}", side_effects=True, loc=loc, ip=ip,
     )
     return Float32(v)
+
+
+@dsl_user_op
+def ld_relaxed_gpu_b32(ptr, *, loc=None, ip=None) -> Int32:
+    """`ld.relaxed.gpu.global.b32` at `ptr` (an LLVM global pointer): a 32-bit word as the L2 holds it now."""
+    asm = "ld.relaxed.gpu.global.b32 $0, [$1];"
+    return Int32(inline_ptx(T.i32(), [ptr], asm, "=r,l,~{memory}", side_effects=True, loc=loc, ip=ip))
+
+
+@dsl_user_op
+def st_relaxed_gpu_b32(ptr, value, *, loc=None, ip=None) -> None:
+    """`st.relaxed.gpu.global.b32` of `value` (32 bits) at `ptr` (an LLVM global pointer)."""
+    operands = [ptr, Int32(value).ir_value(loc=loc, ip=ip)]
+    inline_ptx(None, operands, "st.relaxed.gpu.global.b32 [$0], $1;", "l,r,~{memory}", side_effects=True, loc=loc,
+               ip=ip)

@@ -19,11 +19,16 @@ class Workspace:
         self.partial = None
         self.arrival = None
 
-    def get(self, device, partial_elems: int, counters: int):
+    def get(self, device, partial_elems: int, counters: int, fill: int | None = None):
+        """The partials (uninitialized, or every word `fill` as int32 bits) and the zeroed counters, at least this
+        large; a kernel that fills partials leaves them as it found them."""
         import torch
 
         if self.partial is None or self.partial.numel() < partial_elems:
-            self.partial = torch.empty(partial_elems, dtype=torch.float32, device=device)
+            if fill is None:
+                self.partial = torch.empty(partial_elems, dtype=torch.float32, device=device)
+            else:
+                self.partial = torch.full((partial_elems,), fill, dtype=torch.int32, device=device).view(torch.float32)
         if self.arrival is None or self.arrival.numel() < counters:
             self.arrival = torch.zeros(counters, dtype=torch.int32, device=device)
         return self.partial, self.arrival
@@ -88,7 +93,8 @@ class SplitLauncher:
             num_ctas = self.num_ctas_for(m, k, l, sm_count(dev))
             workspace = self.workspaces.setdefault(wkey, Workspace())
             need = self.kernel_cls.workspace_shape(self.config, num_ctas, m, k, l)
-            plan = self.plans[(wkey, m, k, l)] = (num_ctas, *workspace.get(a.device, *need))
+            fill = getattr(self.kernel_cls, "PARTIAL_FILL", None)
+            plan = self.plans[(wkey, m, k, l)] = (num_ctas, *workspace.get(a.device, *need, fill=fill))
         return plan
 
     def __call__(self, a, b, sf_a, sf_b, c):

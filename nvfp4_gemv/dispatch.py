@@ -161,7 +161,7 @@ def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int 
 
 # The K-balanced schedule (gemv_simt.GemvSimtStreamK): its configs are (warps, unroll, register cap); the cap is what
 # decides how many CTAs an SM holds (ptxas is told it, so the table cannot drift from the compiler).
-STREAMK_CONFIGS = ((1, 2, 72), (2, 2, 64), (4, 2, 64), (2, 1, 56), (8, 4, 64))
+STREAMK_CONFIGS = ((1, 2, 72), (2, 2, 64), (4, 2, 64), (8, 4, 64))
 STREAMK_MIN_STEPS = 1  # K steps a CTA gets at least (bounds how many CTAs share a tile)
 
 
