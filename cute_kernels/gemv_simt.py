@@ -73,6 +73,10 @@ class GemvSimtConfig:
             raise ValueError(f"r_lanes must be 1, 2, 4 or 8 with r_lanes·rows_per_thread <= 32, got {self}")
         if self.k_splits not in (1, 2, 4, 8):
             raise ValueError(f"k_splits must be 1, 2, 4 or 8 (a portable cluster), got {self.k_splits}")
+        if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
+                                   or REGISTER_FILE // (self.max_registers * 32 * self.warps) < 1):
+            raise ValueError(f"max_registers must be 0 or a multiple of 8 in 24..248 at which a CTA fits an SM, "
+                             f"got {self}")
 
     @property
     def c_lanes(self) -> int:
@@ -94,6 +98,8 @@ class GemvSimt(GemvLaunch):
         self.warps = config.warps
         self.rr = config.rows_per_thread
         self.sf_padded = config.sf_kind == "permuted"  # every row of every 128-row slab exists in the buffer
+        if config.max_registers and type(self) is GemvSimt:
+            raise ValueError(f"GemvSimt takes no register cap (max_registers is GemvSimtStreamK's), got {config}")
 
     @staticmethod
     def can_implement(m: int, k: int, l: int) -> bool:
@@ -320,7 +326,11 @@ class GemvSimtStreamK(GemvSimt):
     Why: `GemvSimt`'s grid is one CTA per row tile, so the warps in flight are quantized by the row count
     (7168 x 16384 x 1: 896 tiles of 4 warps fill 85 % of the H200's warp slots; 10240 x 8192 x 1: 61 %), and a
     grid that spills over holds a second, partial wave. This schedule fills the slots on every shape, at the cost of
-    a workspace round trip for the tiles that CTAs share (BENCHMARKS.md, "A K-balanced schedule").
+    a workspace round trip for the tiles that CTAs share. Measured on the H200 it is slower than `GemvSimt` on
+    every decode-suite shape, and 5-8 % slower contest-timed (18-21 % graph-timed) even on `GemvSimt`'s own
+    split of the work (num_ctas = row tiles):
+    its loop carries the run's state, which takes ptxas to 96 registers uncapped, or to spills in the loop at the
+    63-72 of `GemvSimt`. So dispatch does not pick it (BENCHMARKS.md, "A K-balanced schedule").
 
     The arrival tensor of the launch signature (shared with the tensor-core kernel's SplitLauncher) is unused."""
 

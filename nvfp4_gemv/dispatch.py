@@ -184,23 +184,11 @@ def streamk_fits(config: gemv_simt.GemvSimtConfig, m: int, k: int, l: int, sms: 
     return streamk_num_ctas(config, m, k, l, sms) * tiles * k_tiles < 2**31
 
 
-STREAMK_BELOW_WAVE = 0.8  # the K-balanced schedule where the model's one-wave grid fills less of the warp slots
-STREAMK_DEFAULT = (2, 2, 64)
-
-
 def simt_choice(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int = H200_SMS):  # noqa: E741
-    """(kernel class, config) of the CUDA-core GEMV for (M, K, L) on `sms` SMs: `simt_config_for`'s config, or the
-    K-balanced schedule where that config's grid is one wave that leaves the SMs' warp slots under
-    STREAMK_BELOW_WAVE full (BENCHMARKS.md, "A K-balanced schedule")."""
-    cfg = simt_config_for(m, k, l, sf_kind, sms)
-    slabs = -(-m // 128) * l
-    key = (cfg.warps, cfg.r_lanes, cfg.unroll)
-    if cfg.k_splits == 1 and key in WAVE_REGISTERS[sf_kind] and slabs * (128 // 8) * 8 >= WARPS_PER_SM * sms:
-        n = waves(slabs, cfg.warps, cfg.r_lanes, WAVE_REGISTERS[sf_kind][key], sms)
-        sk = streamk_config(sf_kind, *STREAMK_DEFAULT)
-        if n < STREAMK_BELOW_WAVE and streamk_fits(sk, m, k, l, sms):
-            return gemv_simt.GemvSimtStreamK, sk
-    return gemv_simt.GemvSimt, cfg
+    """(kernel class, config) of the CUDA-core GEMV for (M, K, L) on `sms` SMs. Always the one-CTA-a-row-tile grid
+    with `simt_config_for`'s config: the K-balanced schedule (GemvSimtStreamK) measured slower on every decode-suite
+    shape, 3-21 % at the same split of the work (BENCHMARKS.md, "A K-balanced schedule"), so it is not dispatched."""
+    return gemv_simt.GemvSimt, simt_config_for(m, k, l, sf_kind, sms)
 
 
 def simt_configs(sf_kind: str = "permuted") -> tuple:

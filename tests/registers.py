@@ -17,13 +17,15 @@ def allocation(registers: int) -> int:
     return -(-registers // 8) * 8
 
 
-def compiled_registers(module: str, cls: str, config_args: str, dump) -> int:
-    """Registers ptxas gives a thread of that kernel for sm_90a, as it reports them (not rounded)."""
+def compiled_registers(module: str, cls: str, config_args: str, dump, config_cls: str | None = None) -> int:
+    """Registers ptxas gives a thread of that kernel for sm_90a, as it reports them (not rounded). The config class
+    is `<cls>Config` unless `config_cls` names another."""
     dump.mkdir(parents=True)
+    config_cls = config_cls or f"{cls}Config"
     code = (
         "from cute_kernels.compile import compile_kernel\n"
-        f"from cute_kernels.{module} import {cls}, {cls}Config\n"
-        f"compile_kernel({cls}, {cls}Config({config_args}), 'sm_90a')\n"
+        f"from cute_kernels.{module} import {cls}, {config_cls}\n"
+        f"compile_kernel({cls}, {config_cls}({config_args}), 'sm_90a')\n"
     )
     env = dict(os.environ, CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(dump))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
