@@ -366,7 +366,11 @@ class GemvSimtStreamK(GemvSimt):
     @classmethod
     def workspace_shape(cls, config: GemvSimtConfig, num_ctas: int, m: int, k: int, l: int):  # noqa: E741
         """(fp32 partial elements, int32 counters) that a launch of `num_ctas` CTAs needs (no counters: one unused
-        word)."""
+        word); ValueError where the kernel's Int32 schedule arithmetic (CTA index x work items) would overflow."""
+        tiles, k_tiles = cls.tiles(config, m, k, l)
+        if num_ctas * tiles * k_tiles >= 2**31:
+            raise ValueError(f"GemvSimtStreamK: (M, K, L) = ({m}, {k}, {l}) on {num_ctas} CTAs is {tiles * k_tiles} "
+                             f"work items; num_ctas x work items must stay under 2^31")
         return ts.workspace_elems(num_ctas, config.rows_per_cta), 1
 
     @cute.jit
@@ -422,7 +426,7 @@ class GemvSimtStreamK(GemvSimt):
         n_full = n_pieces // pieces_per_step  # full K steps of a tile; a last, partial one runs guarded
         tiles_per_batch = ((m + 127) // 128) * cfg.ctas_per_slab
         k_tiles = (n_pieces + pieces_per_step - 1) // pieces_per_step
-        # Int32 schedule arithmetic: the launcher takes this kernel only where num_ctas x the work fits (fits_int32).
+        # Int32 schedule arithmetic: workspace_shape refuses a launch where num_ctas x the work would overflow.
         total = tiles_per_batch * l * k_tiles
         g_count = ts.effective_ctas(num_ctas, total, cutlass.min)
         w, w_end = ts.cta_run(cta, num_ctas, total, cutlass.min)

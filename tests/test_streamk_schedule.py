@@ -100,3 +100,10 @@ def test_launcher_fills_a_new_workspace_with_the_empty_partial(monkeypatch):
         assert partial.numel() >= ts.workspace_elems(num_ctas, cfg.rows_per_cta)
         assert bool((partial.view(torch.int32) == PARTIAL_EMPTY).all())
     assert calls[0][5] is calls[1][5] and len(launcher.plans) == 2
+
+
+def test_workspace_shape_refuses_a_schedule_past_int32():
+    cfg = streamk_config("permuted", 1, 2, 72)
+    with pytest.raises(ValueError, match="2\\^31"):
+        GemvSimtStreamK.workspace_shape(cfg, 3696, 1 << 20, 1 << 15, 1)
+    assert GemvSimtStreamK.workspace_shape(cfg, 3696, 7168, 16384, 1) == (3696 * 2 * 8, 1)
