@@ -44,7 +44,7 @@ from layouts.sf_cute import sf_layout_by_col
 
 PIECE_K = 32  # K elements per thread per step: one 16-byte load of A
 REGISTER_FILE = 65536  # 32-bit registers of an SM (sm_90 and sm_100)
-# GemvSimtStreamK's empty partial: a NaN no arithmetic makes (the GPU's NaN results are 0x7FFFFFFF), so a partial
+# GemvSimtBalanced's empty partial: a NaN no arithmetic makes (the GPU's NaN results are 0x7FFFFFFF), so a partial
 # row sum, NaN included, is never taken for it.
 PARTIAL_EMPTY = 0x7FBADBAD
 PIECE_WORDS = PIECE_K // 8
@@ -60,7 +60,7 @@ class GemvSimtConfig:
     rows_per_thread: int = 1  # r values per thread; a CTA covers 4·r_lanes·rows_per_thread rows of one slab
     unroll: int = 2  # unroll of the K-step loop
     k_splits: int = 1  # CTAs of a thread-block cluster that split K for the same rows (their sums meet in shared memory)
-    max_registers: int = 0  # GemvSimtStreamK only: 0, as ptxas likes; else a cap (ptxas is told the CTAs an SM holds)
+    max_registers: int = 0  # GemvSimtBalanced only: 0, as ptxas likes; else a cap (ptxas is told the CTAs an SM holds)
 
     def __post_init__(self):
         if self.sf_kind not in SF_KINDS:
@@ -99,7 +99,7 @@ class GemvSimt(GemvLaunch):
         self.rr = config.rows_per_thread
         self.sf_padded = config.sf_kind == "permuted"  # every row of every 128-row slab exists in the buffer
         if config.max_registers and type(self) is GemvSimt:
-            raise ValueError(f"GemvSimt takes no register cap (max_registers is GemvSimtStreamK's), got {config}")
+            raise ValueError(f"GemvSimt takes no register cap (max_registers is GemvSimtBalanced's), got {config}")
 
     @staticmethod
     def can_implement(m: int, k: int, l: int) -> bool:
@@ -310,7 +310,7 @@ class GemvSimt(GemvLaunch):
             cluster_sync()
 
 
-class GemvSimtStreamK(GemvSimt):
+class GemvSimtBalanced(GemvSimt):
     """The CUDA-core GEMV on a K-balanced schedule: the grid is what the SMs hold at once (`num_ctas`, a launch
     argument), and every CTA reads the same number of K steps, to within one, whatever the shape.
 
@@ -338,7 +338,7 @@ class GemvSimtStreamK(GemvSimt):
 
     def __init__(self, config: GemvSimtConfig, target):
         if config.k_splits != 1 or config.rows_per_thread != 1:
-            raise ValueError(f"GemvSimtStreamK takes k_splits = 1 and rows_per_thread = 1, got {config}")
+            raise ValueError(f"GemvSimtBalanced takes k_splits = 1 and rows_per_thread = 1, got {config}")
         super().__init__(config, target)
 
     @staticmethod
@@ -369,7 +369,7 @@ class GemvSimtStreamK(GemvSimt):
         word); ValueError where the kernel's Int32 schedule arithmetic (CTA index x work items) would overflow."""
         tiles, k_tiles = cls.tiles(config, m, k, l)
         if num_ctas * tiles * k_tiles >= 2**31:
-            raise ValueError(f"GemvSimtStreamK: (M, K, L) = ({m}, {k}, {l}) on {num_ctas} CTAs is {tiles * k_tiles} "
+            raise ValueError(f"GemvSimtBalanced: (M, K, L) = ({m}, {k}, {l}) on {num_ctas} CTAs is {tiles * k_tiles} "
                              f"work items; num_ctas x work items must stay under 2^31")
         return ts.workspace_elems(num_ctas, config.rows_per_cta), 1
 

@@ -1,5 +1,5 @@
 """Host side of the GEMVs on a K-balanced split schedule (the sm_100a tensor-core kernel, cute_kernels.gemv_tc_sm100,
-and the sm_90 CUDA-core one, gemv_simt.GemvSimtStreamK): their split-K workspace and one launch.
+and the sm_90 CUDA-core one, gemv_simt.GemvSimtBalanced): their split-K workspace and one launch.
 
 Each kernel leaves fp32 partials of tiles split across CTAs in a workspace and counts arrivals per output tile in
 int32 counters that it returns to zero. Calls on different CUDA streams must not share them, so the workspace is

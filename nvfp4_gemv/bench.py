@@ -300,7 +300,7 @@ def _timer(timing: str, iters: int):
 
 def simt_call(cfg, schedule: str = "grid"):
     """A call taking the contest tuple, of the CUDA-core kernel with `cfg` on torch's stream: one CTA per row tile
-    (schedule "grid", gemv_simt.GemvSimt) or the K-balanced schedule ("streamk", gemv_simt.GemvSimtStreamK, with
+    (schedule "grid", gemv_simt.GemvSimt) or the K-balanced schedule ("balanced", gemv_simt.GemvSimtBalanced, with
     the grid and workspace that dispatch gives it)."""
     from cute_kernels import gemv_simt
 
@@ -309,10 +309,10 @@ def simt_call(cfg, schedule: str = "grid"):
     import functools
 
     from cute_kernels.tc_workspace import SplitLauncher
-    from nvfp4_gemv.dispatch import streamk_num_ctas
+    from nvfp4_gemv.dispatch import balanced_num_ctas
 
-    fn = on_torch_stream(gemv_simt.GemvSimtStreamK, cfg)
-    launcher = SplitLauncher(fn, gemv_simt.GemvSimtStreamK, cfg, functools.partial(streamk_num_ctas, cfg),
+    fn = on_torch_stream(gemv_simt.GemvSimtBalanced, cfg)
+    launcher = SplitLauncher(fn, gemv_simt.GemvSimtBalanced, cfg, functools.partial(balanced_num_ctas, cfg),
                              workspace_key=lambda: torch.cuda.current_stream().cuda_stream)
     return on_permuted(launcher)
 
@@ -378,7 +378,7 @@ def sweep_rows(shapes, configs, log=print, timing: str = "graph", iters: int = 5
             us = results[((m, k, l), (schedule, cfg))]
             if cfg is None:
                 cfg = dispatch_choice(m, k, l)
-                schedule = f"dispatched {'streamk' if cfg[0].__name__.endswith('StreamK') else 'grid'}"
+                schedule = f"dispatched {'balanced' if cfg[0].__name__.endswith('Balanced') else 'grid'}"
                 cfg = cfg[1]
             rows.append({"m": m, "k": k, "l": l, "schedule": schedule, "warps": cfg.warps, "r_lanes": cfg.r_lanes,
                          "unroll": cfg.unroll, "rows_per_thread": cfg.rows_per_thread, "k_splits": cfg.k_splits,

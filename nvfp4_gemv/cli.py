@@ -335,14 +335,14 @@ def _cmd_sweep(args) -> int:
         print(f"wrote {args.out / 'linear_sweep.csv'}")
         return 0
     if args.warps is None:
-        args.warps = [] if (args.stream_k or args.dispatched) else [2, 4, 8, 16]
+        args.warps = [] if (args.balanced or args.dispatched) else [2, 4, 8, 16]
     configs = [("grid", GemvSimtConfig(warps=w, r_lanes=r, unroll=u, rows_per_thread=t, k_splits=s))
                for w, r, u, t, s in itertools.product(args.warps, args.r_lanes, args.unroll, args.rows_per_thread,
                                                       args.k_splits)]
-    if args.stream_k:
-        from nvfp4_gemv.dispatch import STREAMK_CONFIGS, streamk_config
+    if args.balanced:
+        from nvfp4_gemv.dispatch import BALANCED_CONFIGS, balanced_config
 
-        configs += [("streamk", streamk_config("permuted", *c)) for c in STREAMK_CONFIGS]
+        configs += [("balanced", balanced_config("permuted", *c)) for c in BALANCED_CONFIGS]
     if args.dispatched:
         configs.insert(0, ("dispatched", None))
     rows = sweep_rows(args.shapes or list(SUITES[args.suite]), configs, log=Progress(), timing=args.timing,
@@ -436,15 +436,15 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--suite", choices=("contest", "decode"), default="decode")
     w.add_argument("--shapes", nargs="+", type=_shape_arg, metavar="M,K,L", help="shapes (default: the --suite's)")
     w.add_argument("--warps", nargs="+", type=_positive_int, default=None,
-                   help="warps a CTA of the one-CTA-a-row-tile grid (default 2 4 8 16; none with --stream-k or "
+                   help="warps a CTA of the one-CTA-a-row-tile grid (default 2 4 8 16; none with --balanced or "
                         "--dispatched alone)")
     w.add_argument("--r-lanes", nargs="+", type=int, choices=(1, 2, 4, 8), default=[2, 4, 8])
     w.add_argument("--unroll", nargs="+", type=_positive_int, default=[2, 4])
     w.add_argument("--rows-per-thread", nargs="+", type=int, choices=(1, 2, 4), default=[1])
     w.add_argument("--k-splits", nargs="+", type=int, choices=(1, 2, 4, 8), default=[1],
                    help="CTAs of a cluster splitting K (default: 1)")
-    w.add_argument("--stream-k", action="store_true",
-                   help="also the K-balanced schedule (GemvSimtStreamK) in each of dispatch.STREAMK_CONFIGS")
+    w.add_argument("--balanced", action="store_true",
+                   help="also the K-balanced schedule (GemvSimtBalanced) in each of dispatch.BALANCED_CONFIGS")
     w.add_argument("--dispatched", action="store_true", help="also what custom_kernel picks for each shape")
     w.add_argument("--timing", choices=("graph", "contest"), default="graph",
                    help="graph: kernel time, one CUDA graph of 20+ calls (default); contest: the contest's timing, "

@@ -159,34 +159,34 @@ def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int 
     return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=8, r_lanes=2, unroll=2)
 
 
-# The K-balanced schedule (gemv_simt.GemvSimtStreamK): its configs are (warps, unroll, register cap); the cap is what
+# The K-balanced schedule (gemv_simt.GemvSimtBalanced): its configs are (warps, unroll, register cap); the cap is what
 # decides how many CTAs an SM holds (ptxas is told it, so the table cannot drift from the compiler).
-STREAMK_CONFIGS = ((1, 2, 72), (2, 2, 64), (4, 2, 64), (8, 4, 64))
-STREAMK_MIN_STEPS = 1  # K steps a CTA gets at least (bounds how many CTAs share a tile)
+BALANCED_CONFIGS = ((1, 2, 72), (2, 2, 64), (4, 2, 64), (8, 4, 64))
+BALANCED_MIN_STEPS = 1  # K steps a CTA gets at least (bounds how many CTAs share a tile)
 
 
-def streamk_config(sf_kind: str, warps: int, unroll: int, max_registers: int) -> gemv_simt.GemvSimtConfig:
+def balanced_config(sf_kind: str, warps: int, unroll: int, max_registers: int) -> gemv_simt.GemvSimtConfig:
     return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=warps, r_lanes=2, unroll=unroll,
                                     max_registers=max_registers)
 
 
-def streamk_num_ctas(config: gemv_simt.GemvSimtConfig, m: int, k: int, l: int, sms: int) -> int:  # noqa: E741
+def balanced_num_ctas(config: gemv_simt.GemvSimtConfig, m: int, k: int, l: int, sms: int) -> int:  # noqa: E741
     """The grid of the K-balanced schedule: every CTA the SMs hold at once (at the config's register cap), with at
-    least STREAMK_MIN_STEPS K steps each, and never fewer than one."""
-    tiles, k_tiles = gemv_simt.GemvSimtStreamK.tiles(config, m, k, l)
+    least BALANCED_MIN_STEPS K steps each, and never fewer than one."""
+    tiles, k_tiles = gemv_simt.GemvSimtBalanced.tiles(config, m, k, l)
     resident = sms * ctas_per_sm(config.max_registers, config.warps)
-    return max(1, min(resident, tiles * k_tiles // STREAMK_MIN_STEPS))
+    return max(1, min(resident, tiles * k_tiles // BALANCED_MIN_STEPS))
 
 
-def streamk_fits(config: gemv_simt.GemvSimtConfig, m: int, k: int, l: int, sms: int) -> bool:  # noqa: E741
+def balanced_fits(config: gemv_simt.GemvSimtConfig, m: int, k: int, l: int, sms: int) -> bool:  # noqa: E741
     """Whether the kernel's Int32 schedule arithmetic holds for this shape: CTA index x work items < 2³¹."""
-    tiles, k_tiles = gemv_simt.GemvSimtStreamK.tiles(config, m, k, l)
-    return streamk_num_ctas(config, m, k, l, sms) * tiles * k_tiles < 2**31
+    tiles, k_tiles = gemv_simt.GemvSimtBalanced.tiles(config, m, k, l)
+    return balanced_num_ctas(config, m, k, l, sms) * tiles * k_tiles < 2**31
 
 
 def simt_choice(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int = H200_SMS):  # noqa: E741
     """(kernel class, config) of the CUDA-core GEMV for (M, K, L) on `sms` SMs. Always the one-CTA-a-row-tile grid
-    with `simt_config_for`'s config: the K-balanced schedule (GemvSimtStreamK) measured slower on every decode-suite
+    with `simt_config_for`'s config: the K-balanced schedule (GemvSimtBalanced) measured slower on every decode-suite
     shape, 3-21 % at the same split of the work (BENCHMARKS.md, "A K-balanced schedule"), so it is not dispatched."""
     return gemv_simt.GemvSimt, simt_config_for(m, k, l, sf_kind, sms)
 
@@ -282,9 +282,9 @@ class Dispatcher:
             fn = compiled if pointers else raw_function(compiled)
             return TcLauncher(fn, config, pointers=pointers, workspace_key=self.workspace_key)
         pointers = self.call == "pointers"
-        if kernel_cls is gemv_simt.GemvSimtStreamK:
+        if kernel_cls is gemv_simt.GemvSimtBalanced:
             return SplitLauncher(compiled if pointers else raw_function(compiled), kernel_cls, config,
-                                 functools.partial(streamk_num_ctas, config), pointers=pointers,
+                                 functools.partial(balanced_num_ctas, config), pointers=pointers,
                                  workspace_key=self.workspace_key)
         if pointers:
             return _on_pointers(compiled, m, k, l)

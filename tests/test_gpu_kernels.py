@@ -284,24 +284,24 @@ def test_stream_read_reads_every_word(nbytes):
         buf[pos] = 0
 
 
-# ---------------------------------------------------------------- the K-balanced schedule (GemvSimtStreamK)
+# ---------------------------------------------------------------- the K-balanced schedule (GemvSimtBalanced)
 
 
-def _streamk(cfg, num_ctas, pointers=False):
-    """A call taking the contest tuple: GemvSimtStreamK with `cfg` on a grid of `num_ctas` CTAs (None: dispatch's
+def _balanced(cfg, num_ctas, pointers=False):
+    """A call taking the contest tuple: GemvSimtBalanced with `cfg` on a grid of `num_ctas` CTAs (None: dispatch's
     grid), through the library's TVM-FFI path or the pointer path."""
     import functools
 
     from cute_kernels.compile import compile_kernel, raw_function, target
-    from cute_kernels.gemv_simt import GemvSimtStreamK
+    from cute_kernels.gemv_simt import GemvSimtBalanced
     from cute_kernels.tc_workspace import SplitLauncher
-    from nvfp4_gemv.dispatch import streamk_num_ctas
+    from nvfp4_gemv.dispatch import balanced_num_ctas
 
     tgt = target(torch.cuda.get_device_capability())
     call = "pointers" if pointers else "tvm_ffi"
-    compiled = compile_kernel(GemvSimtStreamK, cfg, tgt, call=call, stream=None if pointers else "torch")
-    grid = functools.partial(streamk_num_ctas, cfg) if num_ctas is None else (lambda m, k, l, sms: num_ctas)
-    fn = SplitLauncher(compiled if pointers else raw_function(compiled), GemvSimtStreamK, cfg, grid,
+    compiled = compile_kernel(GemvSimtBalanced, cfg, tgt, call=call, stream=None if pointers else "torch")
+    grid = functools.partial(balanced_num_ctas, cfg) if num_ctas is None else (lambda m, k, l, sms: num_ctas)
+    fn = SplitLauncher(compiled if pointers else raw_function(compiled), GemvSimtBalanced, cfg, grid,
                        pointers=pointers)
 
     def run(data, sf_kind="permuted"):
@@ -313,44 +313,44 @@ def _streamk(cfg, num_ctas, pointers=False):
     return run
 
 
-def _streamk_configs():
-    from nvfp4_gemv.dispatch import STREAMK_CONFIGS, streamk_config
+def _balanced_configs():
+    from nvfp4_gemv.dispatch import BALANCED_CONFIGS, balanced_config
 
-    return [streamk_config("permuted", *c) for c in STREAMK_CONFIGS]
-
-
-STREAMK_GRIDS = [None, 7, 1]  # dispatch's grid; few CTAs (long runs, tiles shared at odd places); one CTA
+    return [balanced_config("permuted", *c) for c in BALANCED_CONFIGS]
 
 
-@pytest.mark.parametrize("num_ctas", STREAMK_GRIDS)
-@pytest.mark.parametrize("cfg", _streamk_configs(), ids=lambda c: f"w{c.warps}u{c.unroll}r{c.max_registers}")
+BALANCED_GRIDS = [None, 7, 1]  # dispatch's grid; few CTAs (long runs, tiles shared at odd places); one CTA
+
+
+@pytest.mark.parametrize("num_ctas", BALANCED_GRIDS)
+@pytest.mark.parametrize("cfg", _balanced_configs(), ids=lambda c: f"w{c.warps}u{c.unroll}r{c.max_registers}")
 @pytest.mark.parametrize("m,k,l", SHAPES)
-def test_streamk_contest_data_bit_exact(m, k, l, cfg, num_ctas):
+def test_balanced_contest_data_bit_exact(m, k, l, cfg, num_ctas):
     if num_ctas is not None and m * k * l > 2**27:
         pytest.skip("a grid of a few CTAs on a large shape: minutes of one SM")
     data = generate_input(m, k, l, seed=3000 + m + k + l, device="cuda")
-    out = _run(_streamk(cfg, num_ctas), data, "permuted")
+    out = _run(_balanced(cfg, num_ctas), data, "permuted")
     assert torch.equal(out, _ref(data))
 
 
 @pytest.mark.parametrize("sf_kind", SF_KINDS)
 @pytest.mark.parametrize("pointers", [False, True], ids=["tvm_ffi", "pointers"])
 @pytest.mark.parametrize("m,k,l", [(129, 320, 2), (1000, 1024, 3), (5760, 2880, 1), (6144, 4096, 1), (384, 7168, 2)])
-def test_streamk_full_range(m, k, l, sf_kind, pointers):
+def test_balanced_full_range(m, k, l, sf_kind, pointers):
     import dataclasses
 
-    for cfg in _streamk_configs()[:3]:
+    for cfg in _balanced_configs()[:3]:
         cfg = dataclasses.replace(cfg, sf_kind=sf_kind)
         for num_ctas in (None, 5):
             data = generate_full_range(m, k, l, seed=5 * m + k + l, device="cuda")
-            out = _run(_streamk(cfg, num_ctas, pointers), data, sf_kind)
+            out = _run(_balanced(cfg, num_ctas, pointers), data, sf_kind)
             ok, msg = check(out, _ref(data))
             assert ok, f"{cfg} num_ctas={num_ctas}: {msg}"
 
 
-def test_streamk_bit_identical_across_runs_and_counters_return_to_zero():
-    cfg = _streamk_configs()[1]
-    run = _streamk(cfg, 37)
+def test_balanced_bit_identical_across_runs_and_counters_return_to_zero():
+    cfg = _balanced_configs()[1]
+    run = _balanced(cfg, 37)
     data = generate_full_range(1000, 4096, 3, seed=17, device="cuda")
     first = _run(run, data, "permuted")
     for _ in range(49):

@@ -31,7 +31,7 @@ def ptx_of(tmp_path_factory):
                 "simt": ("gemv_simt", "GemvSimt", f"g.GemvSimtConfig(sf_kind={sf_kind!r}, "),
                 "tma": ("gemv_tma", "GemvTma", "g.GemvTmaConfig("),
                 "stream_read": ("stream_read", "StreamRead", "g.StreamReadConfig("),
-                "streamk": ("gemv_simt", "GemvSimtStreamK", f"g.GemvSimtConfig(sf_kind={sf_kind!r}, "),
+                "balanced": ("gemv_simt", "GemvSimtBalanced", f"g.GemvSimtConfig(sf_kind={sf_kind!r}, "),
             }[kernel]
             code = (
                 "import json, sys\n"
@@ -259,11 +259,11 @@ def test_register_tables_of_the_one_wave_configs_match_ptxas():
 
 @pytest.mark.parametrize("gpu_arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("call", ["tvm_ffi", "pointers"])
-def test_streamk_kernel_shares_tiles_without_atomics_or_fences(ptx_of, gpu_arch, call):
-    """GemvSimtStreamK (not dispatched; the K-balanced schedule) compiles for both archs and call paths. A shared
+def test_balanced_kernel_shares_tiles_without_atomics_or_fences(ptx_of, gpu_arch, call):
+    """GemvSimtBalanced (not dispatched; the K-balanced schedule) compiles for both archs and call paths. A shared
     tile's partials travel as relaxed 32-bit stores and loads of the workspace, with no atomics, fences or float
     reductions anywhere, and A still arrives in 16-byte loads that skip L1."""
-    ptx = ptx_of(gpu_arch, kernel="streamk", call=call, warps=2, r_lanes=2, unroll=2, max_registers=64)
+    ptx = ptx_of(gpu_arch, kernel="balanced", call=call, warps=2, r_lanes=2, unroll=2, max_registers=64)
     assert f".target {gpu_arch}" in ptx
     assert _count(ptx, r"st\.relaxed\.gpu\.global\.b32") >= 2  # the partial, and PARTIAL_EMPTY put back
     assert _count(ptx, r"ld\.relaxed\.gpu\.global\.b32") >= 1
@@ -272,13 +272,13 @@ def test_streamk_kernel_shares_tiles_without_atomics_or_fences(ptx_of, gpu_arch,
     assert ".maxntid" in ptx or ".minnctapersm" in ptx
 
 
-def test_streamk_register_caps_hold(tmp_path):
-    """ptxas keeps every GemvSimtStreamK config of dispatch.STREAMK_CONFIGS at its register cap (the cap is what
-    streamk_num_ctas counts resident CTAs by)."""
-    from nvfp4_gemv.dispatch import STREAMK_CONFIGS
+def test_balanced_register_caps_hold(tmp_path):
+    """ptxas keeps every GemvSimtBalanced config of dispatch.BALANCED_CONFIGS at its register cap (the cap is what
+    balanced_num_ctas counts resident CTAs by)."""
+    from nvfp4_gemv.dispatch import BALANCED_CONFIGS
     from registers import compiled_registers
 
-    for w, u, cap in STREAMK_CONFIGS:
+    for w, u, cap in BALANCED_CONFIGS:
         args = f"sf_kind='permuted', warps={w}, r_lanes=2, unroll={u}, max_registers={cap}"
-        regs = compiled_registers("gemv_simt", "GemvSimtStreamK", args, tmp_path / f"{w}-{u}-{cap}", "GemvSimtConfig")
+        regs = compiled_registers("gemv_simt", "GemvSimtBalanced", args, tmp_path / f"{w}-{u}-{cap}", "GemvSimtConfig")
         assert regs <= cap, (w, u, cap, regs)

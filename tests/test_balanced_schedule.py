@@ -1,4 +1,4 @@
-"""The K-balanced schedule of the CUDA-core GEMV (cute_kernels.gemv_simt.GemvSimtStreamK), on the host: the
+"""The K-balanced schedule of the CUDA-core GEMV (cute_kernels.gemv_simt.GemvSimtBalanced), on the host: the
 properties its fence-free finish of shared tiles relies on, over many shapes and grids, and its launcher's
 workspace. Plain integer arithmetic (cute_kernels.tile_scheduler), so no GPU and no compile."""
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from cute_kernels import tile_scheduler as ts
-from cute_kernels.gemv_simt import PARTIAL_EMPTY, GemvSimtConfig, GemvSimtStreamK
+from cute_kernels.gemv_simt import PARTIAL_EMPTY, GemvSimtConfig, GemvSimtBalanced
 from cute_kernels.tc_workspace import SplitLauncher
-from nvfp4_gemv.dispatch import STREAMK_CONFIGS, streamk_config, streamk_fits, streamk_num_ctas
+from nvfp4_gemv.dispatch import BALANCED_CONFIGS, balanced_config, balanced_fits, balanced_num_ctas
 
 SHAPES = [(128, 256, 1), (129, 320, 2), (576, 7168, 1), (5760, 2880, 1), (7168, 16384, 1), (4096, 7168, 8),
           (1, 64, 1), (1000, 1024, 3), (384, 7168, 2)]
@@ -16,7 +16,7 @@ SHAPES = [(128, 256, 1), (129, 320, 2), (576, 7168, 1), (5760, 2880, 1), (7168, 
 
 def _segments(cfg, m, k, l, num_ctas):  # noqa: E741
     """Every CTA's segments as the kernel walks them: [(tile, k_begin, k_end, first, last)] per CTA."""
-    tiles, k_tiles = GemvSimtStreamK.tiles(cfg, m, k, l)
+    tiles, k_tiles = GemvSimtBalanced.tiles(cfg, m, k, l)
     total = tiles * k_tiles
     g_count = ts.effective_ctas(num_ctas, total)
     out = []
@@ -61,12 +61,12 @@ def test_every_k_step_once_and_shared_tiles_finished_last_by_their_first_cta(m, 
 
 @pytest.mark.parametrize("m,k,l", SHAPES)
 def test_dispatch_grid_of_the_schedule(m, k, l):  # noqa: E741
-    for c in STREAMK_CONFIGS:
-        cfg = streamk_config("permuted", *c)
-        n = streamk_num_ctas(cfg, m, k, l, 132)
-        tiles, k_tiles = GemvSimtStreamK.tiles(cfg, m, k, l)
+    for c in BALANCED_CONFIGS:
+        cfg = balanced_config("permuted", *c)
+        n = balanced_num_ctas(cfg, m, k, l, 132)
+        tiles, k_tiles = GemvSimtBalanced.tiles(cfg, m, k, l)
         resident = 132 * (65536 // (cfg.max_registers * 32 * cfg.warps))
-        assert 1 <= n <= min(resident, tiles * k_tiles) and streamk_fits(cfg, m, k, l, 132)
+        assert 1 <= n <= min(resident, tiles * k_tiles) and balanced_fits(cfg, m, k, l, 132)
 
 
 def test_grid_kernel_refuses_a_register_cap():
@@ -85,9 +85,9 @@ def test_launcher_fills_a_new_workspace_with_the_empty_partial(monkeypatch):
     from cute_kernels import tc_workspace
 
     calls = []
-    cfg = streamk_config("permuted", 2, 2, 64)
-    launcher = SplitLauncher(lambda *args: calls.append(args), GemvSimtStreamK, cfg,
-                             lambda m, k, l, sms: streamk_num_ctas(cfg, m, k, l, sms))
+    cfg = balanced_config("permuted", 2, 2, 64)
+    launcher = SplitLauncher(lambda *args: calls.append(args), GemvSimtBalanced, cfg,
+                             lambda m, k, l, sms: balanced_num_ctas(cfg, m, k, l, sms))
     monkeypatch.setitem(tc_workspace._SM_COUNTS, 0, 132)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     from submission.reference import generate_input
@@ -96,14 +96,14 @@ def test_launcher_fills_a_new_workspace_with_the_empty_partial(monkeypatch):
         a, b, _, _, sfa_p, sfb_p, c = generate_input(m, k, l, seed=0)
         launcher(a, b, sfa_p, sfb_p, c)
         partial, num_ctas = calls[-1][5], calls[-1][7]
-        assert num_ctas == streamk_num_ctas(cfg, m, k, l, 132)
+        assert num_ctas == balanced_num_ctas(cfg, m, k, l, 132)
         assert partial.numel() >= ts.workspace_elems(num_ctas, cfg.rows_per_cta)
         assert bool((partial.view(torch.int32) == PARTIAL_EMPTY).all())
     assert calls[0][5] is calls[1][5] and len(launcher.plans) == 2
 
 
 def test_workspace_shape_refuses_a_schedule_past_int32():
-    cfg = streamk_config("permuted", 1, 2, 72)
+    cfg = balanced_config("permuted", 1, 2, 72)
     with pytest.raises(ValueError, match="2\\^31"):
-        GemvSimtStreamK.workspace_shape(cfg, 3696, 1 << 20, 1 << 15, 1)
-    assert GemvSimtStreamK.workspace_shape(cfg, 3696, 7168, 16384, 1) == (3696 * 2 * 8, 1)
+        GemvSimtBalanced.workspace_shape(cfg, 3696, 1 << 20, 1 << 15, 1)
+    assert GemvSimtBalanced.workspace_shape(cfg, 3696, 7168, 16384, 1) == (3696 * 2 * 8, 1)
