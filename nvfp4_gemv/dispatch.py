@@ -178,12 +178,6 @@ def balanced_num_ctas(config: gemv_simt.GemvSimtConfig, m: int, k: int, l: int, 
     return max(1, min(resident, tiles * k_tiles // BALANCED_MIN_STEPS))
 
 
-def balanced_fits(config: gemv_simt.GemvSimtConfig, m: int, k: int, l: int, sms: int) -> bool:  # noqa: E741
-    """Whether the kernel's Int32 schedule arithmetic holds for this shape: CTA index x work items < 2³¹."""
-    tiles, k_tiles = gemv_simt.GemvSimtBalanced.tiles(config, m, k, l)
-    return balanced_num_ctas(config, m, k, l, sms) * tiles * k_tiles < 2**31
-
-
 def simt_choice(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int = H200_SMS):  # noqa: E741
     """(kernel class, config) of the CUDA-core GEMV for (M, K, L) on `sms` SMs. Always the one-CTA-a-row-tile grid
     with `simt_config_for`'s config: the K-balanced schedule (GemvSimtBalanced) measured slower on every decode-suite
