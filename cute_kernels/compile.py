@@ -271,6 +271,18 @@ def launch(kernel_call, shape: dict, stream=None):
         kernel_call.launch(**shape, stream=stream)
 
 
+REGISTER_FILE = 65536  # 32-bit registers of an SM (sm_90 and sm_100)
+SMEM_PER_SM = 228 * 1024  # bytes of shared memory an SM has (sm_90 and sm_100)
+
+
+def cap_registers(shape: dict, ctas: int, smem_per_cta: int) -> dict:
+    """Launch keywords `shape` with the registers capped so that `ctas` CTAs fit an SM: ptxas is told the CTAs an
+    SM must hold (nvvm.minctasm), and the shared-memory carve-out goes with it (those CTAs' `smem_per_cta` bytes, in
+    percent of the SM's shared memory), which the DSL would otherwise ask the device for."""
+    shape.update(min_blocks_per_mp=ctas, preferred_smem_carveout=-(-100 * ctas * smem_per_cta // SMEM_PER_SM))
+    return shape
+
+
 class GemvLaunch:
     """The launch method of a GEMV kernel class whose `build(mA, mB, mSFA, mSFB, mC)` returns (kernel call, launch
     keywords): one `__call__` on the five contest operands, launching on `stream` (None: the default stream)."""

@@ -36,14 +36,15 @@ from cutlass.cutlass_dsl import T
 
 from cute_kernels import decode
 from cute_kernels import tile_scheduler as ts
-from cute_kernels.compile import GemvLaunch, SmemAllocator, gemv_fake_tensors, global_ptr, launch, load_atom
+from cute_kernels.compile import (
+    REGISTER_FILE, GemvLaunch, SmemAllocator, cap_registers, gemv_fake_tensors, global_ptr, launch, load_atom,
+)
 from cute_kernels.ptx import ld_relaxed_gpu_b32, st_relaxed_gpu_b32
 from cute_kernels.ptx import cluster_sync, ld_shared_cluster_f32
 from layouts.constants import SF_KINDS
 from layouts.sf_cute import sf_layout_by_col
 
 PIECE_K = 32  # K elements per thread per step: one 16-byte load of A
-REGISTER_FILE = 65536  # 32-bit registers of an SM (sm_90 and sm_100)
 # GemvSimtBalanced's empty partial: a NaN no arithmetic makes (the GPU's NaN results are 0x7FFFFFFF), so a partial
 # row sum, NaN included, is never taken for it.
 PARTIAL_EMPTY = 0x7FBADBAD
@@ -328,9 +329,9 @@ class GemvSimtBalanced(GemvSimt):
     grid that spills over holds a second, partial wave. This schedule fills the slots on every shape, at the cost of
     a workspace round trip for the tiles that CTAs share. Measured on the H200 it is slower than `GemvSimt` on
     every decode-suite shape, and 5-8 % slower contest-timed (18-21 % graph-timed) even on `GemvSimt`'s own
-    split of the work (num_ctas = row tiles):
-    its loop carries the run's state, which takes ptxas to 96 registers uncapped, or to spills in the loop at the
-    63-72 of `GemvSimt`. So dispatch does not pick it (BENCHMARKS.md, "A K-balanced schedule").
+    split of the work (num_ctas = row tiles): its loop carries the run's state, which takes ptxas to 96 registers
+    uncapped, or to spills in the loop at the 63-72 of `GemvSimt`. So dispatch does not pick it (BENCHMARKS.md,
+    "A K-balanced schedule").
 
     The arrival tensor of the launch signature (shared with the tensor-core kernel's SplitLauncher) is unused."""
 
@@ -359,9 +360,18 @@ class GemvSimtBalanced(GemvSimt):
     def tiles(config: GemvSimtConfig, m: int, k: int, l: int):  # noqa: E741
         """(row tiles, K steps a tile): the schedule's work is their product. Plain integer arithmetic, so the
         same formula runs on the host (ints) and in the kernel (Int32)."""
-        n_pieces = k // PIECE_K
+        return GemvSimtBalanced.batch_tiles(config, m) * l, GemvSimtBalanced.k_steps(config, k)
+
+    @staticmethod
+    def batch_tiles(config: GemvSimtConfig, m):
+        """Row tiles of one batch: 128-row slabs of ctas_per_slab tiles each."""
+        return ((m + 127) // 128) * config.ctas_per_slab
+
+    @staticmethod
+    def k_steps(config: GemvSimtConfig, k):
+        """K steps of a row tile, the last one partial where K is not a whole number of steps."""
         per_step = config.c_lanes * config.warps
-        return ((m + 127) // 128) * config.ctas_per_slab * l, (n_pieces + per_step - 1) // per_step
+        return ((k >> (PIECE_K.bit_length() - 1)) + per_step - 1) // per_step
 
     @classmethod
     def workspace_shape(cls, config: GemvSimtConfig, num_ctas: int, m: int, k: int, l: int):  # noqa: E741
@@ -390,12 +400,9 @@ class GemvSimtBalanced(GemvSimt):
         call = self.kernel(a_words, b_words, sfa, sfb, c_ml, mPartial, m, k, l, num_ctas)
         shape = dict(grid=[num_ctas, 1, 1], block=[32 * self.warps, 1, 1])
         if const_expr(self.cfg.max_registers > 0):
-            # ptxas caps the registers so that this many CTAs fit an SM (nvvm.minctasm). The shared-memory carve-out
-            # goes with it (those CTAs' row sums and lookup tables, with 1 KB a CTA reserved, in percent of 228 KB):
-            # the DSL would otherwise ask the device.
+            # A CTA's shared memory: its row sums and lookup tables, and 1 KB the SM reserves a CTA.
             ctas = REGISTER_FILE // (self.cfg.max_registers * 32 * self.warps)
-            smem = ctas * (4 * self.cfg.rows_per_cta * self.warps + 4 * 2 * 32 + 16 + 1024)
-            shape.update(min_blocks_per_mp=ctas, preferred_smem_carveout=-(-100 * smem // (228 * 1024)))
+            cap_registers(shape, ctas, 4 * self.cfg.rows_per_cta * self.warps + 4 * 2 * 32 + 16 + 1024)
         launch(call, shape, stream=stream)
 
     @cute.kernel
@@ -424,8 +431,8 @@ class GemvSimtBalanced(GemvSimt):
         n_pieces = k >> (PIECE_K.bit_length() - 1)
         pieces_per_step = cfg.c_lanes * self.warps
         n_full = n_pieces // pieces_per_step  # full K steps of a tile; a last, partial one runs guarded
-        tiles_per_batch = ((m + 127) // 128) * cfg.ctas_per_slab
-        k_tiles = (n_pieces + pieces_per_step - 1) // pieces_per_step
+        tiles_per_batch = self.batch_tiles(cfg, m)
+        k_tiles = self.k_steps(cfg, k)
         # Int32 schedule arithmetic: workspace_shape refuses a launch where num_ctas x the work would overflow.
         total = tiles_per_batch * l * k_tiles
         g_count = ts.effective_ctas(num_ctas, total, cutlass.min)

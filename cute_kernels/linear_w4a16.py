@@ -45,7 +45,7 @@ from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from cute_kernels.compile import SmemAllocator, load_atom
+from cute_kernels.compile import REGISTER_FILE, SmemAllocator, cap_registers, load_atom
 from cute_kernels.decode import e4m3x2_to_f16x2
 from cute_kernels.ptx import asm_u32, cluster_sync, inline_ptx, ld_shared_cluster_f32
 from layouts.constants import SF_VEC
@@ -145,7 +145,7 @@ class LinearW4A16Config:
 
     def min_ctas_per_sm(self) -> int:
         """The CTAs per SM that max_registers a thread allows (told to ptxas, which then caps the registers)."""
-        return 65536 // (self.max_registers * self.threads)
+        return REGISTER_FILE // (self.max_registers * self.threads)
 
     def output_factor(self) -> float:
         """The power of two left on the fp32 sum by the scale fold (see NV_FOLD)."""
@@ -443,11 +443,8 @@ class LinearW4A16:
         if const_expr(cfg.k_splits > 1):
             shape["cluster"] = [cfg.k_splits, 1, 1]  # consecutive CTAs: one row tile, K split over them
         if const_expr(cfg.max_registers > 0):
-            # ptxas caps the registers so that this many CTAs fit an SM (nvvm.minctasm). The shared-memory carve-out
-            # goes with it (those CTAs' k-warp sums, in percent of 228 KB): the DSL would otherwise ask the device.
-            ctas = cfg.min_ctas_per_sm()
-            smem = ctas * (4 * cfg.groups * cfg.token_tiles * 32 * self.warps * 4 + 1024)
-            shape.update(min_blocks_per_mp=ctas, preferred_smem_carveout=-(-100 * smem // (228 * 1024)))
+            # A CTA's shared memory: its k-warp sums, and 1 KB the SM reserves a CTA.
+            cap_registers(shape, cfg.min_ctas_per_sm(), 4 * cfg.groups * cfg.token_tiles * 32 * self.warps * 4 + 1024)
         return self.kernel(x_words, w_words, sf, mY, mGS, mBias, m, n, k), shape
 
     # ------------------------------------------------------------ per step

@@ -1,9 +1,10 @@
 """Host side of the GEMVs on a K-balanced split schedule (the sm_100a tensor-core kernel, cute_kernels.gemv_tc_sm100,
 and the sm_90 CUDA-core one, gemv_simt.GemvSimtBalanced): their split-K workspace and one launch.
 
-Each kernel leaves fp32 partials of tiles split across CTAs in a workspace and counts arrivals per output tile in
-int32 counters that it returns to zero. Calls on different CUDA streams must not share them, so the workspace is
-kept per (device, stream); a new one is zeroed on the stream it serves before its first launch.
+Each kernel leaves fp32 partials of tiles split across CTAs in a workspace. The tensor-core kernel counts arrivals
+per output tile in int32 counters that it returns to zero; the CUDA-core one needs none, and puts every partial
+word it reads back to the kernel's PARTIAL_FILL. Calls on different CUDA streams must not share a workspace, so it
+is kept per (device, stream); a new one is initialized on the stream it serves before its first launch.
 """
 
 from __future__ import annotations
@@ -99,12 +100,13 @@ class SplitLauncher:
 
     def __call__(self, a, b, sf_a, sf_b, c):
         m, k2, l = a.shape  # noqa: E741
-        num_ctas, partial, arrival = self.plan(a, m, 2 * k2, l)
+        k = 2 * k2
+        num_ctas, partial, arrival = self.plan(a, m, k, l)
         if self.pointers:
             from cute_kernels.compile import operand_addresses
 
             addresses = operand_addresses(a, b, sf_a, sf_b, c)
-            self.fn(*addresses, m, 2 * k2, l, partial.data_ptr(), arrival.data_ptr(), num_ctas)
+            self.fn(*addresses, m, k, l, partial.data_ptr(), arrival.data_ptr(), num_ctas)
         else:
             self.fn(a, b, sf_a, sf_b, c, partial, arrival, num_ctas)
 

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from cute_kernels import gemv_simt, gemv_tc_sm100
-from cute_kernels.compile import compile_kernel, operand_addresses, raw_function, target
+from cute_kernels.compile import REGISTER_FILE, compile_kernel, operand_addresses, raw_function, target
 from cute_kernels.tc_workspace import SplitLauncher, TcLauncher, sm_count
 from cute_kernels.tc_workspace import capability as device_capability
 from nvfp4_gemv.validate import validate_inputs
@@ -92,7 +92,6 @@ SPLIT_REGISTERS = {("permuted", 2): 80, ("permuted", 4): 64, ("permuted", 8): 64
                    ("plain", 2): 112, ("plain", 4): 80, ("plain", 8): 112}
 # Registers of the 16-warp config without unroll (likewise): whether two of its CTAs share an SM.
 U1_REGISTERS = {"permuted": 56, "plain": 64}
-REGISTER_FILE = 65536  # 32-bit registers an SM holds (sm_90 and sm_100)
 MAX_CTAS_PER_SM = 32  # sm_90 and sm_100
 MAX_WARPS_PER_SM = 64
 H200_SMS = 132  # the SM count the model falls back to where no device is asked (CPU compiles)
