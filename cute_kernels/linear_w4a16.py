@@ -47,7 +47,6 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cute_kernels.compile import REGISTER_FILE, SmemAllocator, cap_registers, load_atom
 from cute_kernels.decode import e4m3x2_to_f16x2
-from cute_kernels.decode import prmt as prmt_reg
 from cute_kernels.ptx import asm_u32, cluster_sync, inline_ptx, ld_shared_cluster_f32
 from layouts.constants import SF_VEC
 from layouts.sf_cute import sf_layout_by_col
@@ -78,7 +77,6 @@ class LinearW4A16Config:
     m_major: bool = False  # token tiles on the grid's x (consecutive CTAs share W's rows through L2), for M > 16
     k_parts: int = 1  # 2: each weight row on two MMA rows, two 128-K halves of a 256-K step; 4 tokens a tile
     acc_sets: int = 1  # 2: a step's MMAs alternate between two accumulator sets (two chains of 4, not one of 8)
-    x_lines: bool = False  # lane c takes word c of each 16-byte W chunk, so a token's x loads fill whole sectors
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -239,10 +237,7 @@ def split_f16x2_to_bf16x2(h2, *, loc=None, ip=None):
 
 @dsl_user_op
 def ld_global_nc(addr, bits: int, *, loc=None, ip=None) -> Uint32:
-    """`ld.global.nc.u8` / `.u16` / `.u32` at a byte address, zero-extended (one to four block scales)."""
-    if bits == 32:
-        return Uint32(inline_ptx(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)], "ld.global.nc.u32 $0, [$1];",
-                                 "=r,l", loc=loc, ip=ip))
+    """`ld.global.nc.u8` / `.u16` at a byte address, zero-extended (a block scale or two)."""
     return Uint32(
         inline_ptx(
             T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
@@ -476,15 +471,12 @@ class LinearW4A16:
                 rS[h, g] = ld_global_nc(addr, 16 if cfg.fmt == "nvfp4" else 8)
 
     @cute.jit
-    def load_step(self, regs, x_words, w_words, sf, s, rows, toks, c, live, live_hi=True):
+    def load_step(self, regs, x_words, w_words, sf, s, rows, toks, c, live):
         """Load 128-K step s (of this lane's part) into registers: 16 bytes of W and the scales per row, 64 bytes of x
-        per token. `live`: whether the step's codes of this lane lie inside K (the partial last step); with x_lines,
-        whether words 0-1 do, and `live_hi` words 2-3."""
+        per token."""
         cfg = self.cfg
         rW, rX, rS = regs
-        if const_expr(cfg.x_lines):
-            self.load_step_lines(regs, x_words, w_words, sf, s, rows, toks, c, live, live_hi)
-        elif live:
+        if live:
             wq = s * (STEP_K // 8) + 4 * c  # first W word of this thread
             xq = s * (STEP_K // 2) + 16 * c  # first x word
             # (source, destination, atom) of every 16-byte chunk: W per (group, half), then x per (tile, 16 bytes).
@@ -502,66 +494,11 @@ class LinearW4A16:
                 cute.copy(atom_w if is_w else atom_x, src, dst)
             self.load_scales(rS, sf, s, rows, c)
         else:
-            self.zero_step(regs)
-
-    def zero_step(self, regs):
-        """Zero codes and x, and finite scales (any: the codes are zero), for words past K."""
-        rW, rX, rS = regs
-        rW.fill(0)
-        rX.fill(0)
-        for g in range(self.cfg.groups):
-            for h in range(2):
-                rS[h, g] = Uint32(0x38383838)
-
-    @cute.jit
-    def load_step_lines(self, regs, x_words, w_words, sf, s, rows, toks, c, live_lo, live_hi):
-        """x_lines: word w of this lane is W word 16s + 4w + c (K elements 128s + 32w + 8c + i), so the 4 lanes of a
-        token load 64 contiguous bytes of x an instruction (two whole sectors) where the default order touches four
-        half sectors; W takes four 4-byte loads a row instead of one of 16, and each word has its own block scale.
-        Words 0-1 are loaded where `live_lo`, words 2-3 where `live_hi` (the partial last step: 64 or 128 of its K
-        elements inside K)."""
-        cfg = self.cfg
-        rW, rX, rS = regs
-        if const_expr(not (live_lo is True and live_hi is True)):
-            self.zero_step(regs)
-        atom_w = load_atom(Uint32, 32, l1_no_allocate=True)
-        atom_x = load_atom(Uint32, 128)
-        for w in cutlass.range_constexpr(4):
-            if live_lo if w < 2 else live_hi:
-                wq = s * (STEP_K // 8) + 4 * w + c
-                xq = s * (STEP_K // 2) + 16 * w + 4 * c
-                for g in cutlass.range_constexpr(cfg.groups):
-                    for h in cutlass.range_constexpr(2):
-                        cute.copy(atom_w, cute.local_tile(w_words[rows[g, h], None], (1,), (wq,)),
-                                  cute.local_tile(rW[None, h, g], (1,), (w,)))
-                for t in cutlass.range_constexpr(cfg.token_tiles):
-                    cute.copy(atom_x, cute.local_tile(x_words[toks[t], None], (4,), (xq // 4,)),
-                              cute.local_tile(rX[None, t], (4,), (w,)))
-        self.load_scales_lines(rS, sf, s, rows, c, live_lo, live_hi)
-
-    @cute.jit
-    def load_scales_lines(self, rS, sf, s, rows, c, live_lo, live_hi):
-        """x_lines: the block scales of this lane's four words for each of its rows, byte w for word w. NVFP4: word
-        w is in block 2w + c // 2 of the step's 8, read as two aligned 4-byte loads (blocks 0-3 where `live_lo`, 4-7
-        where `live_hi`) and picked by one prmt; MXFP4: word w is in block w of the step's 4 (two 2-byte loads: a
-        row of K/32 bytes is only 2-aligned)."""
-        cfg = self.cfg
-        sel = Uint32(0x6420) + Uint32(0x1111) * Uint32(c // 2)  # bytes c//2, +2, +4, +6 of the step's 8 scales
-        nv = cfg.fmt == "nvfp4"
-        bits = 32 if nv else 16
-        per = 4 if nv else 2  # scale columns a load
-        for g in cutlass.range_constexpr(cfg.groups):
-            for h in cutlass.range_constexpr(2):
-                lo = Uint32(0x38383838)
-                hi = Uint32(0x38383838)
-                if live_lo:
-                    lo = ld_global_nc(sf_address(sf, cfg.fmt, rows[g, h], s * 2 * per), bits)
-                if live_hi:
-                    hi = ld_global_nc(sf_address(sf, cfg.fmt, rows[g, h], s * 2 * per + per), bits)
-                if const_expr(nv):
-                    rS[h, g] = prmt_reg(lo, hi, sel)
-                else:
-                    rS[h, g] = (lo & Uint32(0xFFFF)) | (hi << 16)
+            rW.fill(0)
+            rX.fill(0)
+            for g in cutlass.range_constexpr(cfg.groups):
+                for h in cutlass.range_constexpr(2):
+                    rS[h, g] = Uint32(0x3838)  # any finite scale: the codes are zero
 
     @cute.jit
     def compute_step(self, regs, accs):
@@ -590,10 +527,10 @@ class LinearW4A16:
                         tile.append(((b0, b1),))
             xb.append(tile)
         for g in cutlass.range_constexpr(cfg.groups):
-            sc = [self.word_multipliers(rS[h, g]) for h in range(2)]  # sc[half][word]
+            sc = [scale_multipliers(cfg.fmt, dt, rS[h, g]) for h in range(2)]  # sc[half][word // 2]
             for w in cutlass.range_constexpr(4):
                 dec = [decode_word(rW[w, h, g], dt) for h in range(2)]
-                dec = [scale_codes(cfg.fmt, dt, dec[h], sc[h][w]) for h in range(2)]
+                dec = [scale_codes(cfg.fmt, dt, dec[h], sc[h][w // 2]) for h in range(2)]
                 for jj in cutlass.range_constexpr(2):
                     a = (dec[0][2 * jj], dec[1][2 * jj], dec[0][2 * jj + 1], dec[1][2 * jj + 1])
                     acc = accs[(2 * w + jj) % cfg.acc_sets]
@@ -602,19 +539,6 @@ class LinearW4A16:
                             r = mma_16816([acc[q, g, t] for q in range(4)], a, bb, dt)
                             for q in cutlass.range_constexpr(4):
                                 acc[q, g, t] = r[q]
-
-    def word_multipliers(self, bits):
-        """The block-scale multiplier of each of a row's four words this step (scale_multipliers): by default words 0-1
-        share block 2c and words 2-3 block 2c + 1 (NVFP4; MXFP4: all four one block); with x_lines byte w of `bits`
-        is word w's."""
-        cfg = self.cfg
-        dt = cfg.mma_dtype
-        if const_expr(not cfg.x_lines):
-            a, b = scale_multipliers(cfg.fmt, dt, bits)
-            return [a, a, b, b]
-        if const_expr(cfg.fmt == "nvfp4"):
-            return [*scale_multipliers(cfg.fmt, dt, bits), *scale_multipliers(cfg.fmt, dt, bits >> 16)]
-        return [scale_multipliers(cfg.fmt, dt, (bits >> (8 * w)) & Uint32(0xFF))[0] for w in range(4)]
 
     @cute.kernel
     def kernel(self, x_words: cute.Tensor, w_words: cute.Tensor, sf: cute.Tensor, mY: cute.Tensor,
@@ -675,11 +599,7 @@ class LinearW4A16:
             if kq == n_full % k_lanes:
                 regs = self.make_regs()
                 s_last = n_full * kp + part
-                if const_expr(cfg.x_lines):
-                    self.load_step(regs, x_words, w_words, sf, s_last, rows, toks, c, s_last * STEP_K + 64 <= k,
-                                   s_last * STEP_K + STEP_K <= k)
-                else:
-                    self.load_step(regs, x_words, w_words, sf, s_last, rows, toks, c, s_last * STEP_K + 32 * c < k)
+                self.load_step(regs, x_words, w_words, sf, s_last, rows, toks, c, s_last * STEP_K + 32 * c < k)
                 self.compute_step(regs, accs)
         if const_expr(cfg.acc_sets == 2):
             for i in cutlass.range_constexpr(4 * cfg.groups * cfg.token_tiles):

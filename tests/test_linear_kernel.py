@@ -23,8 +23,6 @@ PTX_CASES = [
     dict(fmt="mxfp4", x_dtype="fp16", k_parts=2, groups=2, k_warps=4, k_splits=2),
     dict(fmt="nvfp4", x_dtype="bf16", k_parts=2, acc_sets=2),
     dict(fmt="mxfp4", x_dtype="fp16", token_tiles=2, groups=2, k_warps=2, acc_sets=2),
-    dict(fmt="nvfp4", x_dtype="bf16", sf_kind="permuted", x_lines=True),
-    dict(fmt="mxfp4", x_dtype="bf16", token_tiles=2, x_lines=True),
 ]
 
 
@@ -54,8 +52,8 @@ def test_ptx_facts(ptx, kw, arch):
     # Tensor cores fed from registers; one MMA per (8 codes x 2 rows) per token tile, twice for fp16 x as hi + lo.
     n_mma = text.count(mma)
     assert n_mma % (8 * cfg.groups * cfg.token_tiles * (2 if cfg.split_x else 1)) == 0 and n_mma > 0
-    # W streams once: 16-byte loads that skip L1 (with x_lines, 4-byte ones: a lane takes one word of each chunk).
-    assert ("ld.global.L1::no_allocate.b32" if cfg.x_lines else "ld.global.L1::no_allocate.v4") in text
+    # W streams once: 16-byte loads that skip L1.
+    assert "ld.global.L1::no_allocate.v4" in text
     # A register cap reaches ptxas as the minimum CTAs per SM.
     if cfg.max_registers:
         assert f".minnctapersm {cfg.min_ctas_per_sm()}" in text
@@ -389,33 +387,6 @@ def test_two_accumulator_sets(fmt, layout, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt,layout", LAYOUTS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-def test_x_lines(fmt, layout, dtype):
-    """x_lines (lane c takes word c of each 16-byte W chunk, each word its own block scale) against the reference:
-    one and two K parts, K with partial last steps (2880: 64 past the last 128-K step, 64 past the last 256-K one;
-    2944: 128 past the last 256-K step) and without (1024), a cluster, two token
-    tiles and two groups; and the same bits as the default order on small-integer data with unit scales."""
-    n = 203
-    for k in (2880, 2944, 1024):
-        w, scale, plain = _operands(n, k, fmt, layout)
-        w, scale = w.cuda(), scale.cuda()
-        gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
-        bias = torch.randn(n).to(dtype).cuda()
-        for m, cfg in [(1, dict(k_parts=1)), (3, dict(k_parts=2)), (8, dict(k_parts=1)),
-                       (5, dict(k_parts=1, k_warps=4, k_splits=2)), (16, dict(k_parts=1, token_tiles=2, groups=2)),
-                       (13, dict(k_parts=1, token_tiles=2, k_warps=16))]:
-            x = torch.randn(m, k).to(dtype).cuda()
-            y = _run(x, w, scale, fmt, layout, gs, bias, x_lines=True, **cfg)
-            _check(y, x, w, plain, fmt, gs, bias)
-        unit = _unit_scales(n, k, fmt, layout)
-        xi = torch.randint(-2, 3, (7, k)).to(dtype).cuda()
-        default = _run(xi, w, unit.cuda(), fmt, layout, k_warps=4)
-        lines = _run(xi, w, unit.cuda(), fmt, layout, k_warps=4, x_lines=True)
-        assert torch.equal(default.view(torch.int16), lines.view(torch.int16))
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("splits", [(1, 16, 8), (1, 4, 2), (2, 16, 4), (2, 8, 8)], ids=str)
 @pytest.mark.parametrize("fmt,layout", LAYOUTS)
 def test_k_split_over_a_cluster(splits, fmt, layout):
@@ -462,10 +433,8 @@ def test_9_to_16_tokens_over_two_ctas(fmt, layout, n, k):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("cfg", [{}, dict(k_warps=4, max_registers=48), dict(k_warps=4, k_splits=4), dict(k_parts=2),
-                                 dict(k_parts=2, k_warps=2, k_splits=2), dict(x_lines=True),
-                                 dict(x_lines=True, k_parts=2)],
-                         ids=["dispatched", "capped", "cluster", "two parts", "two parts cluster", "x lines",
-                              "x lines two parts"])
+                                 dict(k_parts=2, k_warps=2, k_splits=2)],
+                         ids=["dispatched", "capped", "cluster", "two parts", "two parts cluster"])
 def test_one_hot_probes(fmt, dtype, cfg):
     """Row r holds one code at k = (7r + 3) % K and scale 2^(r % 5) on its block; token t is one-hot at row t's k:
     y[t, r] is code · scale when r == t and 0 otherwise, exactly. Every code, both nibbles, every block position."""
