@@ -214,6 +214,28 @@ def _require(can_implement, m: int, k: int, l: int):  # noqa: E741
         )
 
 
+# GemvSimt's grid holds the batch on its y, at most 65535 CTAs. Larger L goes in launches of L_CHUNK batches (and one
+# of the rest): a multiple of 8 below the limit, so that every chunk's views of the operands (c's batch stride is M
+# halves) start 16-byte aligned, as the kernels assume.
+GRID_Y_MAX = 65535
+L_CHUNK = GRID_Y_MAX // 8 * 8
+
+
+class BatchChunks:
+    """A launcher (a, b, sf_a, sf_b, c) for L > GRID_Y_MAX: `full` (compiled for L_CHUNK batches) on each whole chunk
+    of the batch dimension, `rest` (for L % L_CHUNK) on the last, each on views of the operands."""
+
+    def __init__(self, full, rest):
+        self.full, self.rest = full, rest
+
+    def __call__(self, a, b, sa, sb, c):
+        n = a.shape[-1]
+        for l0 in range(0, n, L_CHUNK):
+            l1 = min(l0 + L_CHUNK, n)
+            fn = self.full if l1 - l0 == L_CHUNK else self.rest
+            fn(*(t[..., l0:l1] for t in (a, b, sa, sb, c)))
+
+
 def _on_pointers(fn, m: int, k: int, l: int):  # noqa: E741
     """A launcher (a, b, sf_a, sf_b, c) for a pointer-path compiled function of a fixed (M, K, L)."""
 
@@ -269,6 +291,10 @@ class Dispatcher:
                sm100_variant: str | None = None) -> Callable:
         """The launcher for this device and shape: a callable (a, b, sf_a, sf_b, c)."""
         kernel_cls, config, tgt = self.choose(capability, m, k, l, sf_kind, sm100_variant)
+        if kernel_cls is gemv_simt.GemvSimt and l > GRID_Y_MAX:
+            rest = l % L_CHUNK
+            return BatchChunks(self.select(capability, m, k, L_CHUNK, sf_kind, sm100_variant),
+                               self.select(capability, m, k, rest, sf_kind, sm100_variant) if rest else None)
         compiled = self.compile(kernel_cls, config, tgt)
         if kernel_cls is gemv_tc_sm100.GemvTcSm100:
             pointers = self.call == "pointers"

@@ -6,7 +6,7 @@ import pytest
 from cute_kernels import gemv_simt, gemv_tc_sm100
 from cute_kernels.compile import Target
 from cute_kernels.tc_workspace import TcLauncher
-from nvfp4_gemv.dispatch import Dispatcher, simt_config_for
+from nvfp4_gemv.dispatch import L_CHUNK, BatchChunks, Dispatcher, simt_config_for
 
 
 class _Compiled:
@@ -315,3 +315,31 @@ def test_first_contact_starts_from_the_chosen_variant(monkeypatch):
     monkeypatch.setenv("NVFP4_GEMV_SM100", "simt")
     disp(data)
     assert picked == ["simt"]
+
+
+def test_batches_past_the_grid_limit_go_in_chunks_of_aligned_views():
+    """L > 65535 (the grid's y) runs as launches of L_CHUNK batches and one of the rest, each compiled for its own L,
+    on views that keep the operands' strides and start 16-byte aligned."""
+    import torch
+
+    d, calls = _recording()
+    n = 2 * L_CHUNK + 5
+    fn = d.select((9, 0), 3, 64, n)
+    assert isinstance(fn, BatchChunks) and fn.full == "raw" and fn.rest == "raw"
+    assert [c[1] for c in calls] == [simt_config_for(3, 64, L_CHUNK), simt_config_for(3, 64, 5)]
+    assert d.select((9, 0), 3, 64, L_CHUNK) == "raw" and L_CHUNK % 8 == 0 and L_CHUNK <= 65535
+    got = []
+    chunks = BatchChunks(lambda *t: got.append(("full", t)), lambda *t: got.append(("rest", t)))
+    m, kb, kc = 3, 32, 4
+    ops = (torch.empty(m * kb * n, dtype=torch.uint8).as_strided((m, kb, n), (kb, 1, m * kb)),
+           torch.empty(128 * kb * n, dtype=torch.uint8).as_strided((128, kb, n), (kb, 1, 128 * kb)),
+           torch.empty(512 * n, dtype=torch.uint8).as_strided((32, 4, 1, 4, 1, n), (16, 4, 512, 1, 512, 512)),
+           torch.empty(512 * n, dtype=torch.uint8).as_strided((32, 4, 1, 4, 1, n), (16, 4, 512, 1, 512, 512)),
+           torch.empty(m * n, dtype=torch.float16).as_strided((m, 1, n), (1, 1, m)))
+    chunks(*ops)
+    assert [(which, t[0].shape[-1]) for which, t in got] == [("full", L_CHUNK), ("full", L_CHUNK), ("rest", 5)]
+    for i, (_, views) in enumerate(got):
+        for whole, view in zip(ops, views):
+            assert view.stride() == whole.stride() and view.shape[:-1] == whole.shape[:-1]
+            offset = view.data_ptr() - whole.data_ptr()
+            assert offset == i * L_CHUNK * whole.stride()[-1] * whole.element_size() and offset % 16 == 0

@@ -59,6 +59,14 @@ def test_contest_data(m, k, l, sf_kind, custom_kernel):
 
 
 @pytest.mark.parametrize("sf_kind", SF_KINDS)
+def test_batches_past_the_grid_limit(sf_kind, custom_kernel):
+    """L = 70003 > 65535: launches of L_CHUNK batches and one of the rest, bit-exact on contest data."""
+    data = generate_input(3, 64, 70003, seed=11, device="cuda")
+    out = _run(custom_kernel, data, sf_kind)
+    assert torch.equal(out, _ref(data))
+
+
+@pytest.mark.parametrize("sf_kind", SF_KINDS)
 @pytest.mark.parametrize("m,k,l", SHAPES)
 def test_full_range_data(m, k, l, sf_kind, custom_kernel):
     data = generate_full_range(m, k, l, seed=7 * m + k + l, device="cuda")
