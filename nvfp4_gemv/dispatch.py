@@ -26,7 +26,7 @@ import torch
 
 from cute_kernels import gemv_simt, gemv_tc_sm100
 from cute_kernels.compile import REGISTER_FILE, compile_kernel, operand_addresses, raw_function, target
-from cute_kernels.tc_workspace import SplitLauncher, TcLauncher, sm_count
+from cute_kernels.tc_workspace import TcLauncher, sm_count
 from cute_kernels.tc_workspace import capability as device_capability
 from nvfp4_gemv.validate import validate_inputs
 
@@ -180,7 +180,8 @@ def balanced_num_ctas(config: gemv_simt.GemvSimtConfig, m: int, k: int, l: int, 
 def simt_choice(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int = H200_SMS):  # noqa: E741
     """(kernel class, config) of the CUDA-core GEMV for (M, K, L) on `sms` SMs. Always the one-CTA-a-row-tile grid
     with `simt_config_for`'s config: the K-balanced schedule (GemvSimtBalanced) measured slower on every decode-suite
-    shape, 3-21 % at the same split of the work (BENCHMARKS.md, "A K-balanced schedule"), so it is not dispatched."""
+    shape, 3-21 % at the same split of the work (BENCHMARKS.md, "A K-balanced schedule"), so it is not dispatched. Returning it
+    would need Dispatcher.select to launch it through a SplitLauncher, as nvfp4_gemv.bench.simt_call does."""
     return gemv_simt.GemvSimt, simt_config_for(m, k, l, sf_kind, sms)
 
 
@@ -296,15 +297,10 @@ class Dispatcher:
             return BatchChunks(self.select(capability, m, k, L_CHUNK, sf_kind, sm100_variant),
                                self.select(capability, m, k, rest, sf_kind, sm100_variant) if rest else None)
         compiled = self.compile(kernel_cls, config, tgt)
+        pointers = self.call == "pointers"
         if kernel_cls is gemv_tc_sm100.GemvTcSm100:
-            pointers = self.call == "pointers"
             fn = compiled if pointers else raw_function(compiled)
             return TcLauncher(fn, config, pointers=pointers, workspace_key=self.workspace_key)
-        pointers = self.call == "pointers"
-        if kernel_cls is gemv_simt.GemvSimtBalanced:
-            return SplitLauncher(compiled if pointers else raw_function(compiled), kernel_cls, config,
-                                 functools.partial(balanced_num_ctas, config), pointers=pointers,
-                                 workspace_key=self.workspace_key)
         if pointers:
             return _on_pointers(compiled, m, k, l)
         return raw_function(compiled)
