@@ -77,6 +77,7 @@ class LinearW4A16Config:
     m_major: bool = False  # token tiles on the grid's x (consecutive CTAs share W's rows through L2), for M > 16
     k_parts: int = 1  # 2: each weight row on two MMA rows, two 128-K halves of a 256-K step; 4 tokens a tile
     acc_sets: int = 1  # 2: a step's MMAs alternate between two accumulator sets (two chains of 4, not one of 8)
+    block_columns: bool = False  # LinearW4A16Columns: x prepared as f16, block scales after the MMA, 2 tokens a CTA
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -99,6 +100,9 @@ class LinearW4A16Config:
             raise ValueError(f"k_parts must be 1 or 2, got {self}")
         if self.acc_sets not in (1, 2):
             raise ValueError(f"acc_sets must be 1 or 2, got {self}")
+        if self.block_columns and (self.k_parts, self.token_tiles, self.acc_sets, self.m_major) != (1, 1, 1, False):
+            raise ValueError(f"block_columns takes one K part, one token tile, one accumulator set and no m_major, "
+                             f"got {self}")
         if self.m_major and self.k_splits > 1:
             raise ValueError(f"m_major takes no cluster (k_splits = 1), got {self}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
@@ -110,11 +114,13 @@ class LinearW4A16Config:
     def mma_dtype(self) -> str:
         """The MMA's operand type. fp16 x with NVFP4 stays f16 (code x scale <= 2688 is exact in f16); MXFP4's
         power-of-two scales need bf16's range, and fp16 x then goes in as an exact bf16 hi + lo pair."""
+        if self.block_columns:
+            return "fp16"  # x prepared as f16 (LinearW4A16Columns)
         return "fp16" if (self.x_dtype == "fp16" and self.fmt == "nvfp4") else "bf16"
 
     @property
     def split_x(self) -> bool:
-        return self.x_dtype == "fp16" and self.mma_dtype == "bf16"
+        return self.x_dtype == "fp16" and self.mma_dtype == "bf16" and not self.block_columns
 
     @property
     def group_rows(self) -> int:
@@ -127,8 +133,9 @@ class LinearW4A16Config:
 
     @property
     def tile_tokens(self) -> int:
-        """Tokens of one 8-column MMA tile (4 with two K parts: the columns are (token, part))."""
-        return 8 // self.k_parts
+        """Tokens of one 8-column MMA tile (4 with two K parts: the columns are (token, part); 2 with block
+        columns: (token, lane))."""
+        return 2 if self.block_columns else 8 // self.k_parts
 
     @property
     def tokens_per_cta(self) -> int:
@@ -149,6 +156,8 @@ class LinearW4A16Config:
 
     def output_factor(self) -> float:
         """The power of two left on the fp32 sum by the scale fold (see NV_FOLD)."""
+        if self.block_columns:
+            return 2.0**6  # code · 2^-6 as decoded, the scales applied in fp32
         if self.fmt == "mxfp4":
             return 1.0
         return 1.0 if self.mma_dtype == "fp16" else 2.0**8

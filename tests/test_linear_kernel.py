@@ -433,8 +433,10 @@ def test_9_to_16_tokens_over_two_ctas(fmt, layout, n, k):
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("cfg", [{}, dict(k_warps=4, max_registers=48), dict(k_warps=4, k_splits=4), dict(k_parts=2),
-                                 dict(k_parts=2, k_warps=2, k_splits=2)],
-                         ids=["dispatched", "capped", "cluster", "two parts", "two parts cluster"])
+                                 dict(k_parts=2, k_warps=2, k_splits=2), dict(block_columns=True),
+                                 dict(block_columns=True, groups=2, k_warps=2, k_splits=2)],
+                         ids=["dispatched", "capped", "cluster", "two parts", "two parts cluster", "block columns",
+                              "block columns cluster"])
 def test_one_hot_probes(fmt, dtype, cfg):
     """Row r holds one code at k = (7r + 3) % K and scale 2^(r % 5) on its block; token t is one-hot at row t's k:
     y[t, r] is code · scale when r == t and 0 otherwise, exactly. Every code, both nibbles, every block position."""
@@ -471,3 +473,38 @@ def test_bit_identical_over_100_runs(n, k, m):
     first = _run(x, w, scale, "nvfp4", "plain")
     for _ in range(100):
         assert torch.equal(_run(x, w, scale, "nvfp4", "plain").view(torch.int16), first.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("k", [2880 + 64, 4096, 64])
+def test_block_columns(fmt, layout, dtype, k):
+    """block_columns (x prepared as f16 times a power of two a token, block scales after the MMA, two tokens a CTA)
+    against the reference at M = 1-5 (several CTAs along M), with a partial last step, odd N, two groups, several
+    k-warp counts, a cluster and a register cap; tokens of very different magnitudes (bf16: 2^-100 to 2^60, each
+    token's own power of two); and the same bits as the default kernel on small-integer data with unit scales."""
+    n = 203
+    w, scale, plain = _operands(n, k, fmt, layout)
+    w, scale = w.cuda(), scale.cuda()
+    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
+    bias = torch.randn(n).to(dtype).cuda()
+    for m, cfg in [(1, {}), (2, dict(k_warps=4)), (3, dict(k_warps=16, k_splits=2)), (4, dict(groups=2, k_warps=2)),
+                   (5, dict(k_warps=8, max_registers=48)), (2, dict(row_warps=2, k_warps=4))]:
+        x = torch.randn(m, k)
+        b = bias if m % 2 == 0 else None  # odd M: no bias, each token at its own magnitude (bf16)
+        if dtype == torch.bfloat16 and b is None:
+            x = x * torch.tensor([2.0**-100, 2.0**60, 1.0, 2.0**-20, 2.0**30][:m]).view(m, 1)
+        x = x.to(dtype).cuda()
+        y = _run(x, w, scale, fmt, layout, gs, b, block_columns=True, **cfg)
+        for t in range(m):
+            _check(y[t : t + 1], x[t : t + 1], w, plain, fmt, gs, b)
+    unit = _unit_scales(n, k, fmt, layout)
+    xi = torch.randint(-2, 3, (3, k)).to(dtype).cuda()
+    base = _run(xi, w, unit.cuda(), fmt, layout, k_parts=1, k_warps=4)
+    cols = _run(xi, w, unit.cuda(), fmt, layout, block_columns=True, k_warps=4)
+    assert torch.equal(base.view(torch.int16), cols.view(torch.int16))
+    first = _run(x, w, scale, fmt, layout, gs, block_columns=True)
+    for _ in range(20):
+        assert torch.equal(_run(x, w, scale, fmt, layout, gs, block_columns=True).view(torch.int16),
+                           first.view(torch.int16))

@@ -11,6 +11,7 @@ import torch
 
 from cute_kernels.compile import compile_kernel, raw_function
 from cute_kernels.linear_w4a16 import STEP_K, LinearW4A16, LinearW4A16Config
+from cute_kernels.linear_w4a16_columns import LinearW4A16Columns, prepared_words
 from cute_kernels.targets import target
 from cute_kernels.tc_workspace import capability, sm_count
 from nvfp4_gemv.dispatch import MAX_CTAS_PER_SM, REGISTER_FILE, ctas_per_sm, last_wave_fill
@@ -152,11 +153,12 @@ K_PARTS_ALWAYS_TOKENS = 3
 K_PARTS_MIN_BALANCE = 0.9
 
 
-def _split(m: int, n: int, k: int, sms: int, parts: int, token_tiles: int):
+def _split(m: int, n: int, k: int, sms: int, parts: int, token_tiles: int, tile_tokens: int = 0):
     """(rows, K a row, groups, k_warps, register cap, k_splits) the launcher chooses for M tokens with `parts` K parts
-    a row and `token_tiles` tiles a CTA: the split sees the CTAs along M (up to 16 tokens; 9-16 tokens in 8-token
-    CTAs: two) as more rows, and two K parts a row as twice the rows of half the steps."""
-    rows = n * -(-min(m, 16) // (8 // parts * token_tiles)) * parts
+    a row and `token_tiles` tiles a CTA of `tile_tokens` tokens each (0: 8 / parts): the split sees the CTAs along M
+    (up to 16 tokens; 9-16 tokens in 8-token CTAs: two) as more rows, and two K parts a row as twice the rows of half
+    the steps."""
+    rows = n * -(-min(m, 16) // ((tile_tokens or 8 // parts) * token_tiles)) * parts
     k_row = k // parts
     groups, k_warps, cap = choose_split(rows, k_row, sms, token_tiles)
     return rows, k_row, groups, k_warps, cap, k_splits_for(rows, k_row, sms, token_tiles, groups, k_warps, cap)
@@ -200,17 +202,18 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     """The kernel config for one call shape: the token tiles from token_tiles_for, the split from choose_split, and
     K split over a cluster from k_splits_for; both see the CTAs along M as more rows. Past 32 tokens, the grid's
     order from m_major_for."""
-    parts = override.get("k_parts") or k_parts_for(m, n, k, sms)
-    token_tiles = override.get("token_tiles") or (1 if parts == 2 else token_tiles_for(m, n, k))
-    _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles)
+    columns = override.get("block_columns", False)
+    parts = 1 if columns else override.get("k_parts") or k_parts_for(m, n, k, sms)
+    token_tiles = 1 if columns else override.get("token_tiles") or (1 if parts == 2 else token_tiles_for(m, n, k))
+    _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, 2 if columns else 0)
     # An override of the split (sweeps, tests) means that split on its own, unless it names k_splits too.
     if any(f in override for f in ("groups", "k_warps", "max_registers")):
         splits = 1
-    m_major = splits == 1 and m_major_for(m, n, k, 16 // parts * override.get("groups", groups))
+    m_major = not columns and splits == 1 and m_major_for(m, n, k, 16 // parts * override.get("groups", groups))
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap,
                k_splits=splits, m_major=m_major, k_parts=parts,
-               acc_sets=acc_sets_for(override.get("groups", groups), token_tiles, fmt, x_dtype))
+               acc_sets=1 if columns else acc_sets_for(override.get("groups", groups), token_tiles, fmt, x_dtype))
     cfg.update(override)
     return LinearW4A16Config(**cfg)
 
@@ -233,8 +236,9 @@ def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_globa
     fields = {"sf_dtype": _SF_DTYPES[scale_dtype], **override}
     cfg = config_for(m, n, k, fmt, scale_layout, _X_DTYPES[x_dtype], has_bias, has_global_scale,
                      sm_count(device.index), **fields)
-    fn = raw_function(compile_kernel(LinearW4A16, cfg, target(capability(device)), stream="torch"))
-    return fn, _dummy(device, torch.float32), _dummy(device, x_dtype)
+    cls = LinearW4A16Columns if cfg.block_columns else LinearW4A16
+    fn = raw_function(compile_kernel(cls, cfg, target(capability(device)), stream="torch"))
+    return fn, _dummy(device, torch.float32), _dummy(device, x_dtype), cfg.block_columns
 
 
 def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
@@ -262,9 +266,16 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
         if plan is None:
             plan = plans[tokens] = plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout,
                                             has_global_scale, has_bias, **override)
-        fn, gs_dummy, bias_dummy = plan
-        fn(x2d, weight_u8, scale, out2d, gs_dummy if global_scale is None else global_scale,
-           bias_dummy if bias is None else bias)
+        fn, gs_dummy, bias_dummy, columns = plan
+        operands = (x2d, weight_u8, scale, out2d, gs_dummy if global_scale is None else global_scale,
+                    bias_dummy if bias is None else bias)
+        if columns:
+            # The prepared x and its factor a token (LinearW4A16Columns), filled by the call's first kernel.
+            ws = torch.empty(m * (prepared_words(k) + 1), dtype=torch.uint32, device=x2d.device)
+            fn(*operands, ws[: m * prepared_words(k)].view(m, prepared_words(k)), ws[m * prepared_words(k):].view(
+                torch.float32))
+        else:
+            fn(*operands)
 
     return launch
 

@@ -1,0 +1,355 @@
+"""The W4A16 linear for one or two tokens a CTA, with the block scales applied after the MMA ("block columns").
+
+`linear_w4a16` multiplies every decoded pair of codes by its block scale (one HMUL2 a pair) and pairs x for the
+MMA's B operand with a PRMT a register, and its bf16 decode takes three integer instructions a pair. Here:
+
+- x is prepared once a call by a small kernel (`prep_kernel`): each token as f16 times a power of two 2^-e (so a
+  bf16 x of any range fits f16's, exactly: 8 significant bits in 11, for every element within 2^22 of the token's
+  largest), already in the order of the MMA's B registers, so the main loop loads its B operands as they are.
+  fp16 x is only reordered (e = 0). The factor 2^e of each token multiplies its outputs at the end.
+- W is decoded to f16 (e4m3 bytes of code · 2^-6, converted two at a time in hardware): 11 instructions a word of 8
+  codes, against 13 for bf16 and 4 more for the block scale.
+- The block scale goes after the MMA. Lane t of a row group holds 32 consecutive K elements a step, two NVFP4 blocks
+  (one MXFP4 block). B column 4j + t holds x of token j only in the K slots of lane t and zeros elsewhere, so column
+  4j + t of the product is the partial dot product of lane t's codes alone: MMAs of words 0-1 give lane t's first
+  block, words 2-3 its second. Each column is then multiplied by its block scale in fp32 and added into the row's sum
+  (an FFMA a column a row a step). The 8 MMA columns hold 2 tokens x 4 lanes, so a CTA takes two tokens.
+
+Lane (r, c) of a warp holds B column r, K slots of lane c: it loads x (token r / 4) only if r % 4 == c, and its
+other registers stay zero. Its MMA results are columns 2c, 2c + 1: token c / 2, lane blocks 2(c % 2) and
+2(c % 2) + 1, whose scales it loads (4 NVFP4 bytes or 2 MXFP4 bytes a row a step). Lanes c and c ^ 1 hold the two
+halves of one token's row sum, added by one shuffle before the store. Every sum is in a fixed order: bit-identical
+run to run. Each product W·x is exact in fp32, as are the per-column scale products of NVFP4 (up to 4 + 4 + 11
+significant bits... rounded once into the fp32 sum, as in the tensor core's own accumulation).
+
+The work split (row groups, k-warps, clusters) is `LinearW4A16`'s, with two tokens a CTA.
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Uint32, const_expr
+
+from cute_kernels.compile import SmemAllocator, cap_registers, load_atom
+from cute_kernels.decode import e4m3x2_to_f32x2
+from cute_kernels.linear_w4a16 import (
+    MX_VEC, PAIRS, STEP_K, LinearW4A16, decode_word, mma_16816, sf_address, weight_views, x_pair_selector, prmt,
+)
+from cute_kernels.ptx import asm_u32, cluster_sync
+from layouts.constants import SF_VEC
+
+PREP_THREADS = 128
+X_WORDS_PER_STEP = STEP_K // 2  # f16 pairs of one token's 128-K step
+X_TARGET_EXP = 7  # the prepared x of a token lies below 2^(X_TARGET_EXP + 1)
+
+
+def prepared_words(k: int) -> int:
+    """32-bit words of one prepared token (f16 pairs), K rounded up to whole 128-K steps."""
+    return -(-k // STEP_K) * X_WORDS_PER_STEP
+
+
+@cute.jit
+def _bits_to_f32(bits):
+    r = cute.make_rmem_tensor(cute.make_layout(1), Uint32)
+    r[0] = Uint32(bits)
+    return cute.recast_tensor(r, Float32)[0]
+
+
+@cute.jit
+def _f32_bits(v):
+    r = cute.make_rmem_tensor(cute.make_layout(1), Float32)
+    r[0] = Float32(v)
+    return cute.recast_tensor(r, Uint32)[0]
+
+
+def f32x2_to_f16x2(lo, hi) -> Uint32:
+    """Two fp32 values to one f16 pair (`cvt.rn.f16x2.f32`, lo in the low half)."""
+    return asm_u32([_f32_bits(lo), _f32_bits(hi)], "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r")
+
+
+def ld_global_nc_u32(addr) -> Uint32:
+    """`ld.global.nc.u32` at a byte address (four block scales)."""
+    from cutlass import Int64
+    from cutlass._mlir.dialects import llvm  # noqa: F401
+    from cutlass.cutlass_dsl import T
+    from cute_kernels.ptx import inline_ptx
+
+    return Uint32(inline_ptx(T.i32(), [Int64(addr).ir_value()], "ld.global.nc.u32 $0, [$1];", "=r,l"))
+
+
+def e8m0_to_f32(s) -> Float32:
+    """An e8m0 byte as the fp32 2^(s - 127): s = 0 is the subnormal 2^-127, s = 255 NaN."""
+    bits = asm_u32(
+        [s],
+        "{\n\t.reg .b32 e;\n\t.reg .pred z, n;\n\tshl.b32 e, $1, 23;\n\tsetp.eq.u32 z, $1, 0;\n\t"
+        "setp.eq.u32 n, $1, 255;\n\tselp.b32 e, 4194304, e, z;\n\tselp.b32 $0, 2143289344, e, n;\n\t}",
+        "=r,r",
+    )
+    return _bits_to_f32(bits)
+
+
+class LinearW4A16Columns(LinearW4A16):
+    """`LinearW4A16` with `block_columns`: call it with two more operands, the prepared x (M, prepared_words(K))
+    uint32 and its factors (M,) fp32, which the call fills before the main kernel reads them."""
+
+    @staticmethod
+    def fake_operands(config):
+        from cutlass.cute.runtime import make_fake_tensor
+
+        x, w, sf, y, gs, bias = LinearW4A16.fake_operands(config)
+        m = x.shape[0]
+        xp = make_fake_tensor(Uint32, (m, cute.sym_int(divisibility=64)), stride=(cute.sym_int(divisibility=64), 1),
+                              assumed_align=16)
+        fx = make_fake_tensor(Float32, (m,), stride=(1,), assumed_align=4)
+        return x, w, sf, y, gs, bias, xp, fx
+
+    @cute.jit
+    def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mSF: cute.Tensor, mY: cute.Tensor, mGS: cute.Tensor,
+                 mBias: cute.Tensor, mXP: cute.Tensor, mFX: cute.Tensor, stream=None):
+        cfg = self.cfg
+        m, k = mX.shape
+        n = mY.shape[1]
+        x_words = cute.make_tensor(
+            cute.recast_ptr(mX.iterator, dtype=Uint32), cute.make_layout((m, k // 2), stride=(mX.stride[0] // 2, 1))
+        )
+        xp = cute.make_tensor(mXP.iterator, cute.make_layout((m, mXP.shape[1]), stride=(mXP.stride[0], 1)))
+        w_words, sf = weight_views(mW, mSF, cfg.fmt, cfg.sf_kind, n, k)
+        n_tiles = (n + cfg.rows_per_cta - 1) // cfg.rows_per_cta
+        m_tiles = (m + cfg.tokens_per_cta - 1) // cfg.tokens_per_cta
+        shape = dict(grid=[n_tiles * cfg.k_splits, m_tiles, 1], block=[cfg.threads, 1, 1])
+        if const_expr(cfg.k_splits > 1):
+            shape["cluster"] = [cfg.k_splits, 1, 1]
+        if const_expr(cfg.max_registers > 0):
+            cap_registers(shape, cfg.min_ctas_per_sm(), 4 * 2 * cfg.groups * 32 * self.warps + 1024)
+        prep = self.prep_kernel(x_words, xp, mFX, k)
+        main = self.kernel(xp, mFX, w_words, sf, mY, mGS, mBias, m, n, k)
+        prep_shape = dict(grid=[m, 1, 1], block=[PREP_THREADS, 1, 1])
+        if const_expr(stream is None):
+            prep.launch(**prep_shape)
+            main.launch(**shape, use_pdl=True)
+        else:
+            prep.launch(**prep_shape, stream=stream)
+            main.launch(**shape, stream=stream, use_pdl=True)
+
+    # ------------------------------------------------------------ the x pass
+
+    @cute.kernel
+    def prep_kernel(self, x_words: cute.Tensor, xp: cute.Tensor, fx: cute.Tensor, k: Int32):
+        """Token `block_idx.x`: its largest |x| (bf16), the power of two 2^e that brings it below 2^8, and every
+        32-element piece (step s, lane c) as 16 f16 pairs in B-register order at words 64s + 16w + 4c + i."""
+        cfg = self.cfg
+        cute.arch.griddepcontrol_launch_dependents()
+        tidx, _, _ = cute.arch.thread_idx()
+        tok, _, _ = cute.arch.block_idx()
+        n_pieces = k // 32
+        inv = Float32(1.0)
+        if const_expr(cfg.x_dtype == "bf16"):
+            smem = SmemAllocator()
+            red = smem.allocate_tensor(Int32, cute.make_layout(PREP_THREADS // 32), 16)
+            mx = Int32(0)
+            atom = load_atom(Uint32, 128)
+            for p in cutlass.range(tidx, k // 8, PREP_THREADS):
+                u = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+                cute.copy(atom, cute.local_tile(x_words[tok, None], (4,), (p,)), u)
+                for i in cutlass.range_constexpr(4):
+                    mx = cutlass.max(mx, Int32(u[i] & Uint32(0x7FFF)))
+                    mx = cutlass.max(mx, Int32((u[i] >> 16) & Uint32(0x7FFF)))
+            for sh in cutlass.range_constexpr(5):
+                mx = cutlass.max(mx, cute.arch.shuffle_sync_bfly(mx, offset=1 << sh))
+            if tidx % 32 == 0:
+                red[tidx // 32] = mx
+            cute.arch.sync_threads()
+            mx = red[0]
+            for w in cutlass.range_constexpr(1, PREP_THREADS // 32):
+                mx = cutlass.max(mx, red[w])
+            expo = (mx >> 7) & 0xFF  # the bf16 exponent field of the largest |x|
+            e = Int32(0)
+            if mx != 0 and expo != 255:
+                e = cutlass.max(expo - 127 - X_TARGET_EXP, -126)
+            inv = _bits_to_f32(Uint32((127 - e) << 23))
+            if tidx == 0:
+                fx[tok] = _bits_to_f32(Uint32((e + 127) << 23))
+        else:
+            if tidx == 0:
+                fx[tok] = Float32(1.0)
+        pairs = PAIRS["fp16"]
+        atom = load_atom(Uint32, 128)
+        store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Uint32, num_bits_per_copy=128)
+        for p in cutlass.range(tidx, n_pieces, PREP_THREADS):
+            u = cute.make_rmem_tensor(cute.make_layout(16), Uint32)
+            for v in cutlass.range_constexpr(4):
+                cute.copy(atom, cute.local_tile(x_words[tok, None], (4,), (4 * p + v,)), cute.local_tile(u, (4,), (v,)))
+            s = p // 4
+            c = p % 4
+            for w in cutlass.range_constexpr(4):
+                o = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+                for i in cutlass.range_constexpr(4):
+                    a, b = pairs[i]
+                    ea, eb = 8 * w + a, 8 * w + b
+                    if const_expr(cfg.x_dtype == "bf16"):
+                        va = _bits_to_f32(u[ea // 2] << 16 if ea % 2 == 0 else u[ea // 2] & Uint32(0xFFFF0000))
+                        vb = _bits_to_f32(u[eb // 2] << 16 if eb % 2 == 0 else u[eb // 2] & Uint32(0xFFFF0000))
+                        o[i] = f32x2_to_f16x2(va * inv, vb * inv)
+                    else:
+                        o[i] = prmt(u[ea // 2], u[eb // 2], x_pair_selector(a, b))
+                cute.copy(store, o, cute.local_tile(xp[tok, None], (4,), (16 * s + 4 * w + c,)))
+
+    # ------------------------------------------------------------ the main kernel
+
+    @cute.jit
+    def load_cols(self, rW, rS, rX, xp, w_words, sf, s, rows, tok_x, holds_x, c, live, live_sf):
+        """Step s: W's 16 bytes a row, this lane's scales (NVFP4: 4 bytes, MXFP4: 2, a row), and, on the lanes that
+        hold x, the prepared x of this lane's piece."""
+        cfg = self.cfg
+        if live:
+            wq = s * (STEP_K // 8) + 4 * c
+            atom_w = load_atom(Uint32, 128, l1_no_allocate=True)
+            for g in cutlass.range_constexpr(cfg.groups):
+                for h in cutlass.range_constexpr(2):
+                    cute.copy(atom_w, cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)), rW[None, h, g])
+            if holds_x:
+                atom_x = load_atom(Uint32, 128)
+                for w in cutlass.range_constexpr(4):
+                    cute.copy(atom_x, cute.local_tile(xp[tok_x, None], (4,), (16 * s + 4 * w + c,)),
+                              cute.local_tile(rX, (4,), (w,)))
+        else:
+            rW.fill(0)
+            rX.fill(0)
+        if live_sf:
+            for g in cutlass.range_constexpr(cfg.groups):
+                for h in cutlass.range_constexpr(2):
+                    if const_expr(cfg.fmt == "nvfp4"):
+                        col = s * (STEP_K // SF_VEC) + 4 * (c % 2)
+                        rS[h, g] = ld_global_nc_u32(sf_address(sf, cfg.fmt, rows[g, h], col))
+                    else:
+                        from cute_kernels.linear_w4a16 import ld_global_nc
+
+                        col = s * (STEP_K // MX_VEC) + 2 * (c % 2)
+                        rS[h, g] = ld_global_nc(sf_address(sf, cfg.fmt, rows[g, h], col), 16)
+        else:
+            for g in cutlass.range_constexpr(cfg.groups):
+                for h in cutlass.range_constexpr(2):
+                    rS[h, g] = Uint32(0x38383838 if cfg.fmt == "nvfp4" else 0x7F7F)  # finite: the codes are zero
+
+    @cute.jit
+    def compute_cols(self, rW, rS, rX, acc):
+        """The step's MMAs into per-step partial sums (NVFP4: one set a block of the lane, MXFP4: one), then each
+        column times its block scale into the row sums."""
+        cfg = self.cfg
+        sets = 2 if cfg.fmt == "nvfp4" else 1
+        for g in cutlass.range_constexpr(cfg.groups):
+            d = [[Float32(0.0)] * 4 for _ in range(sets)]
+            for w in cutlass.range_constexpr(4):
+                dec = [decode_word(rW[w, h, g], "fp16") for h in range(2)]
+                for jj in cutlass.range_constexpr(2):
+                    a = (dec[0][2 * jj], dec[1][2 * jj], dec[0][2 * jj + 1], dec[1][2 * jj + 1])
+                    b = (rX[4 * w + 2 * jj], rX[4 * w + 2 * jj + 1])
+                    ab = w // 2 if sets == 2 else 0
+                    d[ab] = mma_16816(d[ab], a, b, "fp16")
+            for h in cutlass.range_constexpr(2):
+                bits = rS[h, g]
+                v = acc[h, g]
+                if const_expr(cfg.fmt == "nvfp4"):
+                    s00, s01 = e4m3x2_to_f32x2(bits & Uint32(0xFFFF))
+                    s10, s11 = e4m3x2_to_f32x2(bits >> 16)
+                    v = v + d[0][2 * h] * s00
+                    v = v + d[1][2 * h] * s01
+                    v = v + d[0][2 * h + 1] * s10
+                    v = v + d[1][2 * h + 1] * s11
+                else:
+                    v = v + d[0][2 * h] * e8m0_to_f32(bits & Uint32(0xFF))
+                    v = v + d[0][2 * h + 1] * e8m0_to_f32(bits >> 8)
+                acc[h, g] = v
+
+    @cute.kernel
+    def kernel(self, xp: cute.Tensor, fx: cute.Tensor, w_words: cute.Tensor, sf: cute.Tensor, mY: cute.Tensor,
+               mGS: cute.Tensor, mBias: cute.Tensor, m: Int32, n: Int32, k: Int32):
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        splits = cfg.k_splits
+        split = 0
+        if const_expr(splits > 1):
+            split = bidx % splits
+            bidx = bidx // splits
+        lane = tidx % 32
+        warp = tidx // 32
+        wr = warp % cfg.row_warps
+        wk = warp // cfg.row_warps
+        kq = wk if splits == 1 else split * cfg.k_warps + wk
+        k_lanes = cfg.k_warps * splits
+        r = lane // 4
+        c = lane % 4
+        row0 = bidx * cfg.rows_per_cta + wr * (16 * cfg.groups)
+        rows = cute.make_rmem_tensor(cute.make_layout((cfg.groups, 2)), Int32)
+        for g in cutlass.range_constexpr(cfg.groups):
+            for h in cutlass.range_constexpr(2):
+                rows[g, h] = cutlass.min(row0 + 16 * g + 8 * h + r, n - 1)
+        tok_x = cutlass.min(bidy * 2 + r // 4, m - 1)
+        holds_x = r % 4 == c
+
+        smem = SmemAllocator()
+        per_thread = 2 * cfg.groups
+        red = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, self.warps)), 16)
+        cta_sums = None
+        if const_expr(splits > 1):
+            cta_sums = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, cfg.row_warps)), 16)
+        acc = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Float32)
+        acc.fill(0.0)
+        rX = cute.make_rmem_tensor(cute.make_layout(16), Uint32)
+        rX.fill(0)
+        n_full = k // STEP_K
+        my_steps = (n_full - kq + k_lanes - 1) // k_lanes
+        cute.arch.griddepcontrol_wait()  # the prepared x of this call's x pass
+        for st in cutlass.range(my_steps, unroll=cfg.unroll):
+            rW = cute.make_rmem_tensor(cute.make_layout((4, 2, cfg.groups)), Uint32)
+            rS = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Uint32)
+            self.load_cols(rW, rS, rX, xp, w_words, sf, kq + st * k_lanes, rows, tok_x, holds_x, c, True, True)
+            self.compute_cols(rW, rS, rX, acc)
+        if k % STEP_K != 0:
+            if kq == n_full % k_lanes:
+                rW = cute.make_rmem_tensor(cute.make_layout((4, 2, cfg.groups)), Uint32)
+                rS = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Uint32)
+                s_last = n_full
+                self.load_cols(rW, rS, rX, xp, w_words, sf, s_last, rows, tok_x, holds_x, c,
+                               s_last * STEP_K + 32 * c < k, s_last * STEP_K + 64 * (c % 2) < k)
+                self.compute_cols(rW, rS, rX, acc)
+
+        if const_expr(cfg.k_warps > 1):
+            for i in cutlass.range_constexpr(per_thread):
+                red[i, lane, warp] = acc[i]
+            cute.arch.sync_threads()
+        out = (fx, mGS, row0, r, c, bidy, mY, mBias, m, n)
+        if const_expr(splits == 1):
+            if wk == 0:
+                self.store_columns(self.k_warp_sum, (acc, red, lane, wr), *out)
+        else:
+            if wk == 0:
+                for i in cutlass.range_constexpr(per_thread):
+                    v = self.k_warp_sum(i, acc, red, lane, wr)
+                    acc[i] = v
+                    cta_sums[i, lane, wr] = v
+            cluster_sync()
+            if split == 0 and wk == 0:
+                self.store_columns(self.cluster_sum, (acc, cta_sums, lane, wr), *out)
+            cluster_sync()
+
+    def store_columns(self, sum_of, sum_args, fx, mGS, row0, r, c, bidy, mY, mBias, m, n):
+        """Rows r, r + 8 of each group, token c / 2: this lane's two columns plus its neighbour's (lane c ^ 1), in
+        that order for even c, which stores."""
+        cfg = self.cfg
+        factor = self.output_factor(mGS)
+        for g in range(cfg.groups):
+            for h in range(2):
+                v = sum_of(h + 2 * g, *sum_args)
+                other = cute.arch.shuffle_sync_bfly(v, offset=1)
+                self.store_column(v + other, factor, row0 + 16 * g + 8 * h + r, bidy * 2 + c // 2, c, fx, mY, mBias,
+                                  m, n)
+
+    @cute.jit
+    def store_column(self, v, factor, row, tok, c, fx, mY, mBias, m, n):
+        """y[tok, row] from the even lane of the pair: the sum times `factor` and the token's factor, plus the bias."""
+        if c % 2 == 0 and row < n and tok < m:
+            y = v * factor * fx[tok]
+            if const_expr(self.cfg.bias):
+                y = y + mBias[row].to(Float32)
+            mY[tok, row] = y.to(mY.element_type)
