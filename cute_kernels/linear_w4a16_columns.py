@@ -32,12 +32,13 @@ from cutlass import Float32, Int32, Uint32, const_expr
 from cute_kernels.compile import SmemAllocator, cap_registers, load_atom
 from cute_kernels.decode import e4m3x2_to_f32x2
 from cute_kernels.linear_w4a16 import (
-    MX_VEC, PAIRS, STEP_K, LinearW4A16, decode_word, mma_16816, sf_address, weight_views, x_pair_selector, prmt,
+    MX_VEC, PAIRS, STEP_K, LinearW4A16, decode_word, ld_global_nc, mma_16816, prmt, sf_address, weight_views,
+    x_pair_selector,
 )
 from cute_kernels.ptx import asm_u32, cluster_sync
 from layouts.constants import SF_VEC
 
-PREP_THREADS = 128
+PREP_THREADS = 1024  # one 64-byte piece a thread covers K up to 32768 in one round trip
 X_WORDS_PER_STEP = STEP_K // 2  # f16 pairs of one token's 128-K step
 X_TARGET_EXP = 7  # the prepared x of a token lies below 2^(X_TARGET_EXP + 1)
 
@@ -147,10 +148,12 @@ class LinearW4A16Columns(LinearW4A16):
             red = smem.allocate_tensor(Int32, cute.make_layout(PREP_THREADS // 32), 16)
             mx = Int32(0)
             atom = load_atom(Uint32, 128)
-            for p in cutlass.range(tidx, k // 8, PREP_THREADS):
-                u = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-                cute.copy(atom, cute.local_tile(x_words[tok, None], (4,), (p,)), u)
-                for i in cutlass.range_constexpr(4):
+            for p in cutlass.range(tidx, n_pieces, PREP_THREADS, unroll=2):
+                u = cute.make_rmem_tensor(cute.make_layout(16), Uint32)
+                for v in cutlass.range_constexpr(4):
+                    cute.copy(atom, cute.local_tile(x_words[tok, None], (4,), (4 * p + v,)),
+                              cute.local_tile(u, (4,), (v,)))
+                for i in cutlass.range_constexpr(16):
                     mx = cutlass.max(mx, Int32(u[i] & Uint32(0x7FFF)))
                     mx = cutlass.max(mx, Int32((u[i] >> 16) & Uint32(0x7FFF)))
             for sh in cutlass.range_constexpr(5):
@@ -174,7 +177,7 @@ class LinearW4A16Columns(LinearW4A16):
         pairs = PAIRS["fp16"]
         atom = load_atom(Uint32, 128)
         store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Uint32, num_bits_per_copy=128)
-        for p in cutlass.range(tidx, n_pieces, PREP_THREADS):
+        for p in cutlass.range(tidx, n_pieces, PREP_THREADS, unroll=2):  # read again, from L1
             u = cute.make_rmem_tensor(cute.make_layout(16), Uint32)
             for v in cutlass.range_constexpr(4):
                 cute.copy(atom, cute.local_tile(x_words[tok, None], (4,), (4 * p + v,)), cute.local_tile(u, (4,), (v,)))
@@ -196,9 +199,8 @@ class LinearW4A16Columns(LinearW4A16):
     # ------------------------------------------------------------ the main kernel
 
     @cute.jit
-    def load_cols(self, rW, rS, rX, xp, w_words, sf, s, rows, tok_x, holds_x, c, live, live_sf):
-        """Step s: W's 16 bytes a row, this lane's scales (NVFP4: 4 bytes, MXFP4: 2, a row), and, on the lanes that
-        hold x, the prepared x of this lane's piece."""
+    def load_w(self, rW, rS, w_words, sf, s, rows, c, live, live_sf):
+        """Step s: W's 16 bytes a row and this lane's block scales (NVFP4: 4 bytes, MXFP4: 2, a row)."""
         cfg = self.cfg
         if live:
             wq = s * (STEP_K // 8) + 4 * c
@@ -206,29 +208,31 @@ class LinearW4A16Columns(LinearW4A16):
             for g in cutlass.range_constexpr(cfg.groups):
                 for h in cutlass.range_constexpr(2):
                     cute.copy(atom_w, cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)), rW[None, h, g])
-            if holds_x:
-                atom_x = load_atom(Uint32, 128)
-                for w in cutlass.range_constexpr(4):
-                    cute.copy(atom_x, cute.local_tile(xp[tok_x, None], (4,), (16 * s + 4 * w + c,)),
-                              cute.local_tile(rX, (4,), (w,)))
         else:
             rW.fill(0)
-            rX.fill(0)
-        if live_sf:
-            for g in cutlass.range_constexpr(cfg.groups):
-                for h in cutlass.range_constexpr(2):
+        for g in cutlass.range_constexpr(cfg.groups):
+            for h in cutlass.range_constexpr(2):
+                if live_sf:
                     if const_expr(cfg.fmt == "nvfp4"):
                         col = s * (STEP_K // SF_VEC) + 4 * (c % 2)
                         rS[h, g] = ld_global_nc_u32(sf_address(sf, cfg.fmt, rows[g, h], col))
                     else:
-                        from cute_kernels.linear_w4a16 import ld_global_nc
-
                         col = s * (STEP_K // MX_VEC) + 2 * (c % 2)
                         rS[h, g] = ld_global_nc(sf_address(sf, cfg.fmt, rows[g, h], col), 16)
-        else:
-            for g in cutlass.range_constexpr(cfg.groups):
-                for h in cutlass.range_constexpr(2):
+                else:
                     rS[h, g] = Uint32(0x38383838 if cfg.fmt == "nvfp4" else 0x7F7F)  # finite: the codes are zero
+
+    @cute.jit
+    def load_x(self, rX, xp, s, tok_x, holds_x, c, live):
+        """Step s: the prepared x of this lane's piece, on the lanes that hold x (zeros past K)."""
+        if holds_x:
+            if live:
+                atom_x = load_atom(Uint32, 128)
+                for w in cutlass.range_constexpr(4):
+                    cute.copy(atom_x, cute.local_tile(xp[tok_x, None], (4,), (16 * s + 4 * w + c,)),
+                              cute.local_tile(rX, (4,), (w,)))
+            else:
+                rX.fill(0)
 
     @cute.jit
     def compute_cols(self, rW, rS, rX, acc):
@@ -299,19 +303,26 @@ class LinearW4A16Columns(LinearW4A16):
         rX.fill(0)
         n_full = k // STEP_K
         my_steps = (n_full - kq + k_lanes - 1) // k_lanes
+        rW = cute.make_rmem_tensor(cute.make_layout((4, 2, cfg.groups)), Uint32)
+        rS = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Uint32)
+        # W of the first step is requested before the wait for the x pass, so the two round trips overlap; W of
+        # each next step right after the MMAs of the last (the same registers: one step in flight, as in
+        # LinearW4A16).
+        if my_steps > 0:
+            self.load_w(rW, rS, w_words, sf, kq, rows, c, True, True)
         cute.arch.griddepcontrol_wait()  # the prepared x of this call's x pass
         for st in cutlass.range(my_steps, unroll=cfg.unroll):
-            rW = cute.make_rmem_tensor(cute.make_layout((4, 2, cfg.groups)), Uint32)
-            rS = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Uint32)
-            self.load_cols(rW, rS, rX, xp, w_words, sf, kq + st * k_lanes, rows, tok_x, holds_x, c, True, True)
+            s = kq + st * k_lanes
+            self.load_x(rX, xp, s, tok_x, holds_x, c, True)
             self.compute_cols(rW, rS, rX, acc)
+            if st + 1 < my_steps:
+                self.load_w(rW, rS, w_words, sf, s + k_lanes, rows, c, True, True)
         if k % STEP_K != 0:
             if kq == n_full % k_lanes:
-                rW = cute.make_rmem_tensor(cute.make_layout((4, 2, cfg.groups)), Uint32)
-                rS = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Uint32)
                 s_last = n_full
-                self.load_cols(rW, rS, rX, xp, w_words, sf, s_last, rows, tok_x, holds_x, c,
-                               s_last * STEP_K + 32 * c < k, s_last * STEP_K + 64 * (c % 2) < k)
+                live = s_last * STEP_K + 32 * c < k
+                self.load_w(rW, rS, w_words, sf, s_last, rows, c, live, s_last * STEP_K + 64 * (c % 2) < k)
+                self.load_x(rX, xp, s_last, tok_x, holds_x, c, live)
                 self.compute_cols(rW, rS, rX, acc)
 
         if const_expr(cfg.k_warps > 1):

@@ -32,12 +32,14 @@ H200_SMS = 132
 SPLITS = ((2, 1), (1, 1), (1, 2), (2, 2), (2, 4), (1, 4), (2, 8), (1, 8), (1, 16))
 REGISTERS = {(1, 1): 64, (2, 1): 72, (1, 2): 80, (2, 2): 128}  # (groups, token_tiles) -> registers a thread
 CAPS = {(1, 1): 48}  # (groups, token_tiles) -> a register cap ptxas meets with one spilled pair in the loop
+COLUMN_REGISTERS = {1: 64, 2: 80}  # groups -> registers a thread of LinearW4A16Columns (block_columns); no caps
 
 
-def resident_warps(groups: int, k_warps: int, token_tiles: int, cap: int = 0) -> int:
+def resident_warps(groups: int, k_warps: int, token_tiles: int, cap: int = 0, columns: bool = False) -> int:
     """Warps of this config one SM holds at once (registers, CTA and warp limits; the GEMV's model, one CTA being
-    k_warps warps)."""
-    return ctas_per_sm(cap or REGISTERS[(groups, token_tiles)], k_warps) * k_warps
+    k_warps warps); `columns`: of the block-columns kernel."""
+    regs = COLUMN_REGISTERS[groups] if columns else REGISTERS[(groups, token_tiles)]
+    return ctas_per_sm(cap or regs, k_warps) * k_warps
 
 
 def k_steps(k: int) -> int:
@@ -50,24 +52,24 @@ def grid_warps(n: int, groups: int, k_warps: int) -> int:
     return -(-n // (16 * groups)) * k_warps
 
 
-def candidates(token_tiles: int):
+def candidates(token_tiles: int, columns: bool = False):
     """(groups, k_warps, register cap or 0) the launcher may choose from."""
     for groups, k_warps in SPLITS:
         yield groups, k_warps, 0
-        cap = CAPS.get((groups, token_tiles))
+        cap = None if columns else CAPS.get((groups, token_tiles))
         if cap and 2 <= REGISTER_FILE // (cap * 32 * k_warps) <= MAX_CTAS_PER_SM:
             yield groups, k_warps, cap
 
 
-def choose_split(n: int, k: int, sms: int, token_tiles: int = 1) -> tuple[int, int, int]:
+def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: bool = False) -> tuple[int, int, int]:
     """(groups, k_warps, register cap) for N rows of K: the most warps that fit one resident wave, with the k-warps
     at least 3/4 busy (K's steps over k_warps x the most steps a k-warp takes); where none fits (very large N), the
     fewest waves."""
     steps = k_steps(k)
     best, best_key = None, None
     fewest, fewest_waves = None, None
-    for groups, k_warps, cap in candidates(token_tiles):
-        wave = resident_warps(groups, k_warps, token_tiles, cap) * sms
+    for groups, k_warps, cap in candidates(token_tiles, columns):
+        wave = resident_warps(groups, k_warps, token_tiles, cap, columns) * sms
         if wave == 0:
             continue
         warps = grid_warps(n, groups, k_warps)
@@ -81,7 +83,8 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1) -> tuple[int, i
     return best if best is not None else fewest
 
 
-def k_splits_for(n: int, k: int, sms: int, token_tiles: int, groups: int, k_warps: int, cap: int) -> int:
+def k_splits_for(n: int, k: int, sms: int, token_tiles: int, groups: int, k_warps: int, cap: int,
+                 columns: bool = False) -> int:
     """CTAs of a cluster that share K for one row tile, on top of choose_split's split: the cluster size (2, 4 or 8)
     that gives each warp the fewest K steps while the grid still fills at most half a resident wave (so only where
     choose_split's grid fills a quarter of one or less: few rows, N up to about a thousand); the smaller size on
@@ -93,7 +96,7 @@ def k_splits_for(n: int, k: int, sms: int, token_tiles: int, groups: int, k_warp
     if cap:
         return 1
     steps = k_steps(k)
-    wave = resident_warps(groups, k_warps, token_tiles) * sms
+    wave = resident_warps(groups, k_warps, token_tiles, 0, columns) * sms
     warps = grid_warps(n, groups, k_warps)
     best, best_steps = 1, -(-steps // k_warps)
     for s in (2, 4, 8):
@@ -160,8 +163,10 @@ def _split(m: int, n: int, k: int, sms: int, parts: int, token_tiles: int, tile_
     the steps."""
     rows = n * -(-min(m, 16) // ((tile_tokens or 8 // parts) * token_tiles)) * parts
     k_row = k // parts
-    groups, k_warps, cap = choose_split(rows, k_row, sms, token_tiles)
-    return rows, k_row, groups, k_warps, cap, k_splits_for(rows, k_row, sms, token_tiles, groups, k_warps, cap)
+    columns = tile_tokens == 2
+    groups, k_warps, cap = choose_split(rows, k_row, sms, token_tiles, columns)
+    return rows, k_row, groups, k_warps, cap, k_splits_for(rows, k_row, sms, token_tiles, groups, k_warps, cap,
+                                                           columns)
 
 
 def k_parts_for(m: int, n: int, k: int, sms: int) -> int:
