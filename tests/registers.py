@@ -61,6 +61,24 @@ def _elf_register_counts(data: bytes):
     return counts
 
 
+def compiled_registers_all(module: str, cls: str, config_args: str, dump, config_module: str,
+                           config_cls: str) -> list:
+    """Registers ptxas gives each kernel the compiled call launches (sm_90a), with the config class taken from
+    another module."""
+    dump.mkdir(parents=True)
+    code = (
+        "from cute_kernels.compile import compile_kernel\n"
+        f"from cute_kernels.{module} import {cls}\n"
+        f"from cute_kernels.{config_module} import {config_cls}\n"
+        f"compile_kernel({cls}, {config_cls}({config_args}), 'sm_90a')\n"
+    )
+    env = dict(os.environ, CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(dump))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (cubin,) = dump.glob("*.cubin")
+    return _elf_register_counts(cubin.read_bytes())
+
+
 def compiled_ptx(module: str, cls: str, config_kwargs: dict, arch: str, dump) -> str:
     """The PTX of `cute_kernels.<module>.<cls>(<cls>Config(**config_kwargs))` for `arch`, compiled as the library
     compiles it (TVM-FFI, torch's stream) in a child process (CUTE_DSL_KEEP must be set before the DSL loads)."""
@@ -71,6 +89,27 @@ def compiled_ptx(module: str, cls: str, config_kwargs: dict, arch: str, dump) ->
         "from cute_kernels.compile import compile_kernel\n"
         f"from cute_kernels.{module} import {cls}, {cls}Config\n"
         f"cfg = {cls}Config(**json.loads({json.dumps(json.dumps(config_kwargs))}))\n"
+        f"p = compile_kernel({cls}, cfg, {arch!r}, stream='torch').__ptx__\n"
+        "sys.stdout.write(open(p).read() if p and p.endswith('.ptx') else p)\n"
+    )
+    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def compiled_ptx_of(module: str, cls: str, config_module: str, config_cls: str, config_kwargs: dict, arch: str,
+                    dump) -> str:
+    """compiled_ptx for a kernel class whose config class lives in another module (the PTX of every kernel the
+    compiled call launches)."""
+    import json
+
+    code = (
+        "import json, sys\n"
+        "from cute_kernels.compile import compile_kernel\n"
+        f"from cute_kernels.{module} import {cls}\n"
+        f"from cute_kernels.{config_module} import {config_cls}\n"
+        f"cfg = {config_cls}(**json.loads({json.dumps(json.dumps(config_kwargs))}))\n"
         f"p = compile_kernel({cls}, cfg, {arch!r}, stream='torch').__ptx__\n"
         "sys.stdout.write(open(p).read() if p and p.endswith('.ptx') else p)\n"
     )

@@ -200,6 +200,20 @@ def test_register_table_matches_ptxas(tmp_path):
             assert allocated(g, t, kw, cap) == cap, ((g, t), kw, cap)
 
 
+@pytest.mark.slow
+def test_column_register_table_matches_ptxas(tmp_path):
+    """kernels.COLUMN_REGISTERS bounds what ptxas gives the block-columns main kernel for sm_90a (the largest count
+    of the call's two kernels; k_warps 4 and 8, rounded up to the allocation step of 8), and is reached."""
+    from registers import allocation, compiled_registers_all
+
+    for (fmt, g), table in kernels.COLUMN_REGISTERS.items():
+        got = [allocation(max(compiled_registers_all(
+            "linear_w4a16_columns", "LinearW4A16Columns",
+            f"fmt={fmt!r}, block_columns=True, groups={g}, k_warps={kw}", tmp_path / f"{fmt}g{g}kw{kw}",
+            "linear_w4a16", "LinearW4A16Config"))) for kw in (4, 8)]
+        assert max(got) == table, (fmt, g, got, table)
+
+
 def test_two_accumulator_sets_only_where_registers_are_already_counted_at_128():
     """acc_sets_for: two sets for 16-token CTAs of two groups (kernels.REGISTERS[(2, 2)] is 128 already), except
     MXFP4 with fp16 x; one set at every other (groups, token tiles), and an override of either wins."""
@@ -253,6 +267,46 @@ def test_config_for_token_tiles_and_describe():
     assert kernels.config_for(9, 4096, 4096, "nvfp4", "swizzled", "fp16", True, True).sf_kind == "permuted"
     text = kernels.describe(40, 4096, 4096, "mxfp4", torch.float16)
     assert "x as bf16 hi+lo" in text and "token tiles" in text
+
+
+def test_block_columns_rule():
+    """block_columns_for: MXFP4 at 1-2 tokens on weights of COLUMNS_MIN_WEIGHT_BYTES and more whose columns split is
+    one-group CTAs; never NVFP4, 3+ tokens, smaller weights, or a sweep's named config."""
+    big = (8192, 6144)  # 24 MB of codes, the threshold
+    assert kernels.COLUMNS_MIN_WEIGHT_BYTES == big[0] * big[1] // 2
+    for m in (1, 2):
+        cfg = kernels.config_for(m, *big, "mxfp4", "plain", "bf16", False, False)
+        assert cfg.block_columns and cfg.groups == 1 and cfg.k_parts == 1 and cfg.mma_dtype == "fp16"
+        assert cfg.tokens_per_cta == 2 and cfg.output_factor() == 2.0**6
+        assert "block columns" in kernels.describe(m, *big, "mxfp4", torch.bfloat16)
+    assert kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "fp16", True, False).block_columns
+    assert not kernels.config_for(3, *big, "mxfp4", "plain", "bf16", False, False).block_columns
+    assert not kernels.config_for(1, *big, "nvfp4", "plain", "bf16", False, False).block_columns
+    assert not kernels.config_for(1, 8192 - 128, 6144, "mxfp4", "plain", "bf16", False, False).block_columns
+    assert not kernels.block_columns_for(1, 12288, 4096, "mxfp4", 132)  # its columns split is two-group CTAs
+    assert not kernels.config_for(1, *big, "mxfp4", "plain", "bf16", False, False, k_warps=4).block_columns
+    assert kernels.config_for(1, 64, 64, "nvfp4", "plain", "bf16", False, False, block_columns=True).block_columns
+    with pytest.raises(ValueError, match="block_columns"):
+        kernels.LinearW4A16Config(block_columns=True, k_parts=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_block_columns_ptx_facts(tmp_path, arch, fmt):
+    """The block-columns call is two kernels, the x pass first and the main kernel launched to overlap it (PDL):
+    the main kernel waits on the grid dependency, multiplies f16 (8 MMAs a 128-K step, W and x in f16) and puts
+    the block scales on fp32 sums (no packed HMUL2 of codes by scales)."""
+    from registers import compiled_ptx_of
+
+    text = compiled_ptx_of("linear_w4a16_columns", "LinearW4A16Columns", "linear_w4a16", "LinearW4A16Config",
+                           dict(fmt=fmt, block_columns=True, k_warps=8), arch, tmp_path)
+    assert text.count(".entry") == 2 and "griddepcontrol.wait" in text and "griddepcontrol.launch_dependents" in text
+    assert text.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") % 8 == 0
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16" not in text
+    assert "mul.rn.f16x2" not in text and "mul.rn.bf16x2" not in text
+    assert "cvt.rn.f16x2.f32" in text  # the x pass: bf16 x times 2^-e into f16
+    assert ("ld.global.nc.u32" in text) == (fmt == "nvfp4")
 
 
 # ---------------------------------------------------------------- on a GPU
@@ -508,3 +562,29 @@ def test_block_columns(fmt, layout, dtype, k):
     for _ in range(20):
         assert torch.equal(_run(x, w, scale, fmt, layout, gs, block_columns=True).view(torch.int16),
                            first.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_block_columns_dispatched_and_in_a_graph(dtype):
+    """The dispatched path where the rule takes block columns (MXFP4, 24 MB of codes, 1-2 tokens) against the
+    reference through fp4_linear, then the same calls captured in a CUDA graph (two kernels a call) and replayed
+    with new x: the same bits as eager."""
+    from nvfp4_gemv.linear import fp4_linear
+
+    n, k = 8192, 6144
+    w, scale, plain = _operands(n, k, "mxfp4", "plain")
+    w, scale = w.cuda(), scale.cuda()
+    for m in (1, 2):
+        assert kernels.config_for(m, n, k, "mxfp4", "plain", "fp16" if dtype == torch.float16 else "bf16", False,
+                                  False).block_columns
+        x = torch.randn(m, k).to(dtype).cuda()
+        y = fp4_linear(x, w, scale, "mxfp4")
+        _check(y, x, w, plain, "mxfp4")
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            yg = fp4_linear(x, w, scale, "mxfp4")
+        x.copy_(torch.randn(m, k).to(dtype))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(yg.view(torch.int16), fp4_linear(x, w, scale, "mxfp4").view(torch.int16))

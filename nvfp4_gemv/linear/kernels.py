@@ -32,13 +32,14 @@ H200_SMS = 132
 SPLITS = ((2, 1), (1, 1), (1, 2), (2, 2), (2, 4), (1, 4), (2, 8), (1, 8), (1, 16))
 REGISTERS = {(1, 1): 64, (2, 1): 72, (1, 2): 80, (2, 2): 128}  # (groups, token_tiles) -> registers a thread
 CAPS = {(1, 1): 48}  # (groups, token_tiles) -> a register cap ptxas meets with one spilled pair in the loop
-COLUMN_REGISTERS = {1: 64, 2: 80}  # groups -> registers a thread of LinearW4A16Columns (block_columns); no caps
+# (format, groups) -> registers a thread of LinearW4A16Columns (block_columns), as for REGISTERS; no caps
+COLUMN_REGISTERS = {("mxfp4", 1): 64, ("mxfp4", 2): 80, ("nvfp4", 1): 72, ("nvfp4", 2): 80}
 
 
-def resident_warps(groups: int, k_warps: int, token_tiles: int, cap: int = 0, columns: bool = False) -> int:
+def resident_warps(groups: int, k_warps: int, token_tiles: int, cap: int = 0, columns: str = "") -> int:
     """Warps of this config one SM holds at once (registers, CTA and warp limits; the GEMV's model, one CTA being
-    k_warps warps); `columns`: of the block-columns kernel."""
-    regs = COLUMN_REGISTERS[groups] if columns else REGISTERS[(groups, token_tiles)]
+    k_warps warps); `columns` (a format): of the block-columns kernel."""
+    regs = COLUMN_REGISTERS[(columns, groups)] if columns else REGISTERS[(groups, token_tiles)]
     return ctas_per_sm(cap or regs, k_warps) * k_warps
 
 
@@ -52,7 +53,7 @@ def grid_warps(n: int, groups: int, k_warps: int) -> int:
     return -(-n // (16 * groups)) * k_warps
 
 
-def candidates(token_tiles: int, columns: bool = False):
+def candidates(token_tiles: int, columns: str = ""):
     """(groups, k_warps, register cap or 0) the launcher may choose from."""
     for groups, k_warps in SPLITS:
         yield groups, k_warps, 0
@@ -61,7 +62,7 @@ def candidates(token_tiles: int, columns: bool = False):
             yield groups, k_warps, cap
 
 
-def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: bool = False) -> tuple[int, int, int]:
+def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = "") -> tuple[int, int, int]:
     """(groups, k_warps, register cap) for N rows of K: the most warps that fit one resident wave, with the k-warps
     at least 3/4 busy (K's steps over k_warps x the most steps a k-warp takes); where none fits (very large N), the
     fewest waves."""
@@ -84,7 +85,7 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: bool =
 
 
 def k_splits_for(n: int, k: int, sms: int, token_tiles: int, groups: int, k_warps: int, cap: int,
-                 columns: bool = False) -> int:
+                 columns: str = "") -> int:
     """CTAs of a cluster that share K for one row tile, on top of choose_split's split: the cluster size (2, 4 or 8)
     that gives each warp the fewest K steps while the grid still fills at most half a resident wave (so only where
     choose_split's grid fills a quarter of one or less: few rows, N up to about a thousand); the smaller size on
@@ -156,14 +157,13 @@ K_PARTS_ALWAYS_TOKENS = 3
 K_PARTS_MIN_BALANCE = 0.9
 
 
-def _split(m: int, n: int, k: int, sms: int, parts: int, token_tiles: int, tile_tokens: int = 0):
+def _split(m: int, n: int, k: int, sms: int, parts: int, token_tiles: int, columns: str = ""):
     """(rows, K a row, groups, k_warps, register cap, k_splits) the launcher chooses for M tokens with `parts` K parts
-    a row and `token_tiles` tiles a CTA of `tile_tokens` tokens each (0: 8 / parts): the split sees the CTAs along M
-    (up to 16 tokens; 9-16 tokens in 8-token CTAs: two) as more rows, and two K parts a row as twice the rows of half
-    the steps."""
-    rows = n * -(-min(m, 16) // ((tile_tokens or 8 // parts) * token_tiles)) * parts
+    a row and `token_tiles` tiles a CTA (`columns`, a format: the block-columns kernel, 2 tokens a CTA): the split
+    sees the CTAs along M (up to 16 tokens; 9-16 tokens in 8-token CTAs: two) as more rows, and two K parts a row as
+    twice the rows of half the steps."""
+    rows = n * -(-min(m, 16) // ((2 if columns else 8 // parts) * token_tiles)) * parts
     k_row = k // parts
-    columns = tile_tokens == 2
     groups, k_warps, cap = choose_split(rows, k_row, sms, token_tiles, columns)
     return rows, k_row, groups, k_warps, cap, k_splits_for(rows, k_row, sms, token_tiles, groups, k_warps, cap,
                                                            columns)
@@ -202,15 +202,37 @@ def acc_sets_for(groups: int, token_tiles: int, fmt: str, x_dtype: str) -> int:
     return 2 if (groups, token_tiles) == (2, 2) and not (fmt == "mxfp4" and x_dtype == "fp16") else 1
 
 
+# Block columns (LinearW4A16Columns: x prepared once a call as f16, W decoded to f16, the block scales applied after
+# the MMA; 145-152 loop instructions a 128-K step on sm_90a, against 198 for the default kernel with NVFP4 and 233 with
+# MXFP4, whose scales cost two HMUL2 a pair there). Graph-timed on the H200 against the dispatched kernel at 1-2 tokens
+# (docs/linear_h200_block_columns.csv: 20 shapes, both formats, bf16 x): MXFP4 on weights of 29 MB and more, with the
+# split's one-group CTAs, 2-14 % faster on all 18 such points (16384 x 16384: 1.59 -> 1.36 x the read, 8192 x 28672
+# 1.59 -> 1.38, 14336 x 4096 1.54 -> 1.49); two-group splits (80 registers) 6-9 % slower; smaller weights slower (the
+# x pass, a second kernel, costs ~1-2 us a call: 6144 x 4096 4 % slower, 2048 x 768 37 %); NVFP4 slower everywhere
+# (5-63 %), 3-4 tokens (two CTAs along M, each decoding W) 38-260 % slower.
+COLUMNS_MIN_WEIGHT_BYTES = 24 << 20
+
+
+def block_columns_for(m: int, n: int, k: int, fmt: str, sms: int) -> bool:
+    """Whether M tokens of N x K take the block-columns kernel: MXFP4, 1-2 tokens, at least COLUMNS_MIN_WEIGHT_BYTES
+    of codes, and a split of one-group CTAs."""
+    if fmt != "mxfp4" or m > 2 or n * k // 2 < COLUMNS_MIN_WEIGHT_BYTES:
+        return False
+    return _split(m, n, k, sms, 1, 1, fmt)[2] == 1
+
+
 def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str, bias: bool, global_scale: bool,
                sms: int = H200_SMS, **override):
     """The kernel config for one call shape: the token tiles from token_tiles_for, the split from choose_split, and
     K split over a cluster from k_splits_for; both see the CTAs along M as more rows. Past 32 tokens, the grid's
     order from m_major_for."""
-    columns = override.get("block_columns", False)
+    columns = override.get("block_columns")
+    if columns is None:  # the rule, unless a sweep or test names other config fields
+        columns = set(override) <= {"sf_dtype"} and block_columns_for(m, n, k, fmt, sms)
+    override = {**override, "block_columns": columns}
     parts = 1 if columns else override.get("k_parts") or k_parts_for(m, n, k, sms)
     token_tiles = 1 if columns else override.get("token_tiles") or (1 if parts == 2 else token_tiles_for(m, n, k))
-    _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, 2 if columns else 0)
+    _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, fmt if columns else "")
     # An override of the split (sweeps, tests) means that split on its own, unless it names k_splits too.
     if any(f in override for f in ("groups", "k_warps", "max_registers")):
         splits = 1
@@ -304,6 +326,8 @@ def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layou
                 f"(torch.mm, fp32 sums): M >= {prefill.PREFILL_MIN_TOKENS}")
     cfg = config_for(m, n, k, fmt, scale_layout, xd, False, False, sms, **override)
     path = "tensor cores (mma.sync m16n8k16)" + (", x as bf16 hi+lo" if cfg.split_x else "")
+    if cfg.block_columns:
+        path += ", block columns (x prepared as f16 by a first kernel, block scales after the MMA)"
     tiles = -(-m // cfg.tokens_per_cta)
     note = "" if m <= 16 else (f"; M > 16: {tiles} token tiles of {cfg.tokens_per_cta}, W decoded once per tile"
                                + (", token tiles fastest (m_major)" if cfg.m_major else ""))
