@@ -19,15 +19,19 @@ Lane (r, c) of a warp holds B column r, K slots of lane c: it loads x (token r /
 other registers stay zero. Its MMA results are columns 2c, 2c + 1: token c / 2, lane blocks 2(c % 2) and
 2(c % 2) + 1, whose scales it loads (4 NVFP4 bytes or 2 MXFP4 bytes a row a step). Lanes c and c ^ 1 hold the two
 halves of one token's row sum, added by one shuffle before the store. Every sum is in a fixed order: bit-identical
-run to run. Each product W·x is exact in fp32, as are the per-column scale products of NVFP4 (up to 4 + 4 + 11
-significant bits... rounded once into the fp32 sum, as in the tensor core's own accumulation).
+run to run. Each product W·x is exact in fp32 and the tensor cores sum a column's products of a step in fp32; the
+scale then multiplies that sum inside one FFMA (one rounding) where `LinearW4A16` multiplies each code exactly
+before the MMA, so the two kernels round differently but alike in size, and agree bit for bit where every sum is
+exact (the tests check both).
 
-The work split (row groups, k-warps, clusters) is `LinearW4A16`'s, with two tokens a CTA.
+The work split (row groups, k-warps, clusters) is `LinearW4A16`'s, with two tokens a CTA
+(`nvfp4_gemv.linear.kernels`: COLUMN_REGISTERS, block_columns_for; BENCHMARKS.md, "Block scales after the MMA").
 """
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint32, const_expr
+from cutlass import Float32, Int32, Int64, Uint32, const_expr
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cute_kernels.compile import SmemAllocator, cap_registers, load_atom
 from cute_kernels.decode import e4m3x2_to_f32x2
@@ -35,7 +39,7 @@ from cute_kernels.linear_w4a16 import (
     MX_VEC, PAIRS, STEP_K, LinearW4A16, decode_word, ld_global_nc, mma_16816, prmt, sf_address, weight_views,
     x_pair_selector,
 )
-from cute_kernels.ptx import asm_u32, cluster_sync
+from cute_kernels.ptx import asm_u32, cluster_sync, inline_ptx
 from layouts.constants import SF_VEC
 
 PREP_THREADS = 1024  # one 64-byte piece a thread covers K up to 32768 in one round trip
@@ -67,14 +71,11 @@ def f32x2_to_f16x2(lo, hi) -> Uint32:
     return asm_u32([_f32_bits(lo), _f32_bits(hi)], "cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r")
 
 
-def ld_global_nc_u32(addr) -> Uint32:
+@dsl_user_op
+def ld_global_nc_u32(addr, *, loc=None, ip=None) -> Uint32:
     """`ld.global.nc.u32` at a byte address (four block scales)."""
-    from cutlass import Int64
-    from cutlass._mlir.dialects import llvm  # noqa: F401
-    from cutlass.cutlass_dsl import T
-    from cute_kernels.ptx import inline_ptx
-
-    return Uint32(inline_ptx(T.i32(), [Int64(addr).ir_value()], "ld.global.nc.u32 $0, [$1];", "=r,l"))
+    return Uint32(inline_ptx(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)], "ld.global.nc.u32 $0, [$1];", "=r,l",
+                             loc=loc, ip=ip))
 
 
 def e8m0_to_f32(s) -> Float32:
