@@ -581,12 +581,7 @@ class LinearW4A16:
         for t in cutlass.range_constexpr(cfg.token_tiles):
             toks[t] = cutlass.min(bidy * cfg.tokens_per_cta + cfg.tile_tokens * t + r // kp, m - 1)
 
-        smem = SmemAllocator()
-        per_thread = 4 * cfg.groups * cfg.token_tiles
-        red = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, self.warps)), 16)
-        cta_sums = None
-        if const_expr(splits > 1):
-            cta_sums = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, cfg.row_warps)), 16)
+        red, cta_sums = self.reduction_smem()
         accs = [cute.make_rmem_tensor(cute.make_layout((4, cfg.groups, cfg.token_tiles)), Float32)
                 for _ in range(cfg.acc_sets)]
         for a in accs:
@@ -614,13 +609,35 @@ class LinearW4A16:
             for i in cutlass.range_constexpr(4 * cfg.groups * cfg.token_tiles):
                 acc[i] = acc[i] + accs[1][i]
 
-        # k-warps in warp order through shared memory, then one warp per row slice stores.
+        self.sum_and_store(acc, red, cta_sums, lane, warp, wr, wk, split, (mGS, row0, r, c, bidy, mY, mBias, m, n))
+
+    def sums_per_thread(self) -> int:
+        """fp32 sums a thread holds after the K loop (its accumulators)."""
+        return 4 * self.cfg.groups * self.cfg.token_tiles
+
+    def reduction_smem(self):
+        """Shared memory of sum_and_store: every warp's sums (k-warps), and with k_splits > 1 the CTA's sums that
+        rank 0 reads (else None)."""
+        cfg = self.cfg
+        smem = SmemAllocator()
+        per_thread = self.sums_per_thread()
+        red = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, self.warps)), 16)
+        cta_sums = None
+        if const_expr(cfg.k_splits > 1):
+            cta_sums = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, cfg.row_warps)), 16)
+        return red, cta_sums
+
+    @cute.jit
+    def sum_and_store(self, acc, red, cta_sums, lane, warp, wr, wk, split, out):
+        """k-warps in warp order through shared memory, then, with k_splits > 1, the cluster's CTAs in rank order;
+        the first k-warp of rank 0 stores through store_sums(sum_of, sum_args, *out)."""
+        cfg = self.cfg
+        per_thread = self.sums_per_thread()
         if const_expr(cfg.k_warps > 1):
             for i in cutlass.range_constexpr(per_thread):
                 red[i, lane, warp] = acc[i]
             cute.arch.sync_threads()
-        out = (mGS, row0, r, c, bidy, mY, mBias, m, n)
-        if const_expr(splits == 1):
+        if const_expr(cfg.k_splits == 1):
             if wk == 0:
                 self.store_sums(self.k_warp_sum, (acc, red, lane, wr), *out)
         else:

@@ -39,7 +39,7 @@ from cute_kernels.linear_w4a16 import (
     MX_VEC, PAIRS, STEP_K, LinearW4A16, decode_word, ld_global_nc, mma_16816, prmt, sf_address, weight_views,
     x_pair_selector,
 )
-from cute_kernels.ptx import asm_u32, cluster_sync, inline_ptx
+from cute_kernels.ptx import asm_u32, inline_ptx
 from layouts.constants import SF_VEC
 
 PREP_THREADS = 1024  # one 64-byte piece a thread covers K up to 32768 in one round trip
@@ -292,12 +292,7 @@ class LinearW4A16Columns(LinearW4A16):
         tok_x = cutlass.min(bidy * 2 + r // 4, m - 1)
         holds_x = r % 4 == c
 
-        smem = SmemAllocator()
-        per_thread = 2 * cfg.groups
-        red = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, self.warps)), 16)
-        cta_sums = None
-        if const_expr(splits > 1):
-            cta_sums = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, cfg.row_warps)), 16)
+        red, cta_sums = self.reduction_smem()
         acc = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Float32)
         acc.fill(0.0)
         rX = cute.make_rmem_tensor(cute.make_layout(16), Uint32)
@@ -326,27 +321,13 @@ class LinearW4A16Columns(LinearW4A16):
                 self.load_x(rX, xp, s_last, tok_x, holds_x, c, live)
                 self.compute_cols(rW, rS, rX, acc)
 
-        if const_expr(cfg.k_warps > 1):
-            for i in cutlass.range_constexpr(per_thread):
-                red[i, lane, warp] = acc[i]
-            cute.arch.sync_threads()
-        out = (fx, mGS, row0, r, c, bidy, mY, mBias, m, n)
-        if const_expr(splits == 1):
-            if wk == 0:
-                self.store_columns(self.k_warp_sum, (acc, red, lane, wr), *out)
-        else:
-            if wk == 0:
-                for i in cutlass.range_constexpr(per_thread):
-                    v = self.k_warp_sum(i, acc, red, lane, wr)
-                    acc[i] = v
-                    cta_sums[i, lane, wr] = v
-            cluster_sync()
-            if split == 0 and wk == 0:
-                self.store_columns(self.cluster_sum, (acc, cta_sums, lane, wr), *out)
-            cluster_sync()
+        self.sum_and_store(acc, red, cta_sums, lane, warp, wr, wk, split, (fx, mGS, row0, r, c, bidy, mY, mBias, m, n))
 
-    def store_columns(self, sum_of, sum_args, fx, mGS, row0, r, c, bidy, mY, mBias, m, n):
-        """Rows r, r + 8 of each group, token c / 2: this lane's two columns plus its neighbour's (lane c ^ 1), in
+    def sums_per_thread(self) -> int:
+        return 2 * self.cfg.groups  # rows r and r + 8 of each group, one token
+
+    def store_sums(self, sum_of, sum_args, fx, mGS, row0, r, c, bidy, mY, mBias, m, n):
+        """(LinearW4A16.store_sums for block columns.) Rows r, r + 8 of each group, token c / 2: this lane's two columns plus its neighbour's (lane c ^ 1), in
         that order for even c, which stores."""
         cfg = self.cfg
         factor = self.output_factor(mGS)

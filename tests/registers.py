@@ -1,6 +1,7 @@
 """What the compiler makes of a kernel, for tests: the registers a thread takes as ptxas allocates them for sm_90a
 (tests that check a dispatch model's register table against the compiler), and a kernel's PTX for any arch."""
 
+import json
 import os
 import subprocess
 import sys
@@ -17,21 +18,39 @@ def allocation(registers: int) -> int:
     return -(-registers // 8) * 8
 
 
-def compiled_registers(module: str, cls: str, config_args: str, dump, config_cls: str | None = None) -> int:
-    """Registers ptxas gives a thread of that kernel for sm_90a, as it reports them (not rounded). The config class
-    is `<cls>Config` unless `config_cls` names another."""
-    dump.mkdir(parents=True)
-    config_cls = config_cls or f"{cls}Config"
+def _compile_in_child(module: str, cls: str, config: str, arch: str, keep: str, dump, config_module: str | None,
+                      config_cls: str | None, tail: str = "", stream: str | None = None) -> str:
+    """Compile `cute_kernels.<module>.<cls>` on `<config_cls>(<config>)` (by default the kernel module's
+    `<cls>Config`) for `arch` in a child process with CUTE_DSL_KEEP=`keep` (set before the DSL loads); `tail` is
+    more code run on the compiled object `c`. Returns the child's stdout."""
     code = (
+        "import json, sys\n"
         "from cute_kernels.compile import compile_kernel\n"
-        f"from cute_kernels.{module} import {cls}, {config_cls}\n"
-        f"compile_kernel({cls}, {config_cls}({config_args}), 'sm_90a')\n"
+        f"from cute_kernels.{module} import {cls}\n"
+        f"from cute_kernels.{config_module or module} import {config_cls or cls + 'Config'}\n"
+        f"c = compile_kernel({cls}, {config_cls or cls + 'Config'}({config}), {arch!r}, stream={stream!r})\n"
+        + tail
     )
-    env = dict(os.environ, CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(dump))
+    env = dict(os.environ, CUTE_DSL_KEEP=keep, CUTE_DSL_DUMP_DIR=str(dump))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def compiled_registers_all(module: str, cls: str, config_args: str, dump, config_module: str | None = None,
+                           config_cls: str | None = None) -> list:
+    """Registers ptxas gives each kernel the compiled call launches (sm_90a), as it reports them (not rounded). The
+    config class is `<cls>Config` of the kernel's module unless `config_module` / `config_cls` name another."""
+    dump.mkdir(parents=True)
+    _compile_in_child(module, cls, config_args, "sm_90a", "cubin", dump, config_module, config_cls)
     (cubin,) = dump.glob("*.cubin")
-    (regs,) = _elf_register_counts(cubin.read_bytes())
+    return _elf_register_counts(cubin.read_bytes())
+
+
+def compiled_registers(module: str, cls: str, config_args: str, dump, config_cls: str | None = None) -> int:
+    """Registers ptxas gives a thread of that one-kernel call for sm_90a, as it reports them (not rounded). The
+    config class is `<cls>Config` unless `config_cls` names another."""
+    (regs,) = compiled_registers_all(module, cls, config_args, dump, None, config_cls)
     return regs
 
 
@@ -61,59 +80,10 @@ def _elf_register_counts(data: bytes):
     return counts
 
 
-def compiled_registers_all(module: str, cls: str, config_args: str, dump, config_module: str,
-                           config_cls: str) -> list:
-    """Registers ptxas gives each kernel the compiled call launches (sm_90a), with the config class taken from
-    another module."""
-    dump.mkdir(parents=True)
-    code = (
-        "from cute_kernels.compile import compile_kernel\n"
-        f"from cute_kernels.{module} import {cls}\n"
-        f"from cute_kernels.{config_module} import {config_cls}\n"
-        f"compile_kernel({cls}, {config_cls}({config_args}), 'sm_90a')\n"
-    )
-    env = dict(os.environ, CUTE_DSL_KEEP="cubin", CUTE_DSL_DUMP_DIR=str(dump))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (cubin,) = dump.glob("*.cubin")
-    return _elf_register_counts(cubin.read_bytes())
-
-
-def compiled_ptx(module: str, cls: str, config_kwargs: dict, arch: str, dump) -> str:
-    """The PTX of `cute_kernels.<module>.<cls>(<cls>Config(**config_kwargs))` for `arch`, compiled as the library
-    compiles it (TVM-FFI, torch's stream) in a child process (CUTE_DSL_KEEP must be set before the DSL loads)."""
-    import json
-
-    code = (
-        "import json, sys\n"
-        "from cute_kernels.compile import compile_kernel\n"
-        f"from cute_kernels.{module} import {cls}, {cls}Config\n"
-        f"cfg = {cls}Config(**json.loads({json.dumps(json.dumps(config_kwargs))}))\n"
-        f"p = compile_kernel({cls}, cfg, {arch!r}, stream='torch').__ptx__\n"
-        "sys.stdout.write(open(p).read() if p and p.endswith('.ptx') else p)\n"
-    )
-    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
-
-
-def compiled_ptx_of(module: str, cls: str, config_module: str, config_cls: str, config_kwargs: dict, arch: str,
-                    dump) -> str:
-    """compiled_ptx for a kernel class whose config class lives in another module (the PTX of every kernel the
-    compiled call launches)."""
-    import json
-
-    code = (
-        "import json, sys\n"
-        "from cute_kernels.compile import compile_kernel\n"
-        f"from cute_kernels.{module} import {cls}\n"
-        f"from cute_kernels.{config_module} import {config_cls}\n"
-        f"cfg = {config_cls}(**json.loads({json.dumps(json.dumps(config_kwargs))}))\n"
-        f"p = compile_kernel({cls}, cfg, {arch!r}, stream='torch').__ptx__\n"
-        "sys.stdout.write(open(p).read() if p and p.endswith('.ptx') else p)\n"
-    )
-    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout
+def compiled_ptx(module: str, cls: str, config_kwargs: dict, arch: str, dump, config_module: str | None = None,
+                 config_cls: str | None = None) -> str:
+    """The PTX of `cute_kernels.<module>.<cls>(<cls>Config(**config_kwargs))` for `arch` (every kernel the call
+    launches), compiled as the library compiles it (TVM-FFI, torch's stream) in a child process."""
+    config = f"**json.loads({json.dumps(json.dumps(config_kwargs))})"
+    tail = "p = c.__ptx__\nsys.stdout.write(open(p).read() if p and p.endswith('.ptx') else p)\n"
+    return _compile_in_child(module, cls, config, arch, "ptx", dump, config_module, config_cls, tail, "torch")

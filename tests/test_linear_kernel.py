@@ -297,10 +297,8 @@ def test_block_columns_ptx_facts(tmp_path, arch, fmt):
     """The block-columns call is two kernels, the x pass first and the main kernel launched to overlap it (PDL):
     the main kernel waits on the grid dependency, multiplies f16 (8 MMAs a 128-K step, W and x in f16) and puts
     the block scales on fp32 sums (no packed HMUL2 of codes by scales)."""
-    from registers import compiled_ptx_of
-
-    text = compiled_ptx_of("linear_w4a16_columns", "LinearW4A16Columns", "linear_w4a16", "LinearW4A16Config",
-                           dict(fmt=fmt, block_columns=True, k_warps=8), arch, tmp_path)
+    text = compiled_ptx("linear_w4a16_columns", "LinearW4A16Columns", dict(fmt=fmt, block_columns=True, k_warps=8),
+                        arch, tmp_path, "linear_w4a16", "LinearW4A16Config")
     assert text.count(".entry") == 2 and "griddepcontrol.wait" in text and "griddepcontrol.launch_dependents" in text
     assert text.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32") % 8 == 0
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16" not in text
@@ -327,6 +325,14 @@ def _operands(n, k, fmt, layout, full=True, seed=0):
         lo, hi = (90, 165) if full else (118, 130)
         plain = scale = torch.randint(lo, hi, (n, k // 32), dtype=torch.uint8, generator=g)
     return w, scale, plain
+
+
+def _cuda_operands(n, k, fmt, layout, dtype):
+    """Full-range W and scales on the GPU, the plain scales (for the reference), a global scale for NVFP4 and a
+    bias."""
+    w, scale, plain = _operands(n, k, fmt, layout)
+    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
+    return w.cuda(), scale.cuda(), plain, gs, torch.randn(n).to(dtype).cuda()
 
 
 def _unit_scales(n, k, fmt, layout):
@@ -399,10 +405,7 @@ def test_two_k_parts_a_row(fmt, layout, dtype, k):
     below one step), odd N, a cluster and several k-warp counts; and the same bits as k_parts = 1 on small-integer
     data with unit scales, where every sum is exact."""
     n = 203
-    w, scale, plain = _operands(n, k, fmt, layout)
-    w, scale = w.cuda(), scale.cuda()
-    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
-    bias = torch.randn(n).to(dtype).cuda()
+    w, scale, plain, gs, bias = _cuda_operands(n, k, fmt, layout, dtype)
     for m, cfg in [(1, {}), (2, dict(k_warps=4)), (3, dict(k_warps=16, k_splits=2)), (4, dict(groups=2, k_warps=2)),
                    (2, dict(row_warps=2, k_warps=4)), (7, dict(k_warps=8)), (8, dict(token_tiles=2)),
                    (13, dict(token_tiles=2, groups=2, k_warps=4))]:
@@ -424,10 +427,7 @@ def test_two_accumulator_sets(fmt, layout, dtype):
     reference with one and two K parts, a partial last step, a cluster and two token tiles; and the same bits as one
     set on small-integer data with unit scales, where every sum is exact."""
     n, k = 203, 2880 + 64
-    w, scale, plain = _operands(n, k, fmt, layout)
-    w, scale = w.cuda(), scale.cuda()
-    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
-    bias = torch.randn(n).to(dtype).cuda()
+    w, scale, plain, gs, bias = _cuda_operands(n, k, fmt, layout, dtype)
     for m, cfg in [(1, dict(k_parts=1)), (1, dict(k_parts=2)), (4, dict(k_parts=2, groups=2, k_warps=2)),
                    (5, dict(k_parts=1, k_warps=4, k_splits=2)), (16, dict(k_parts=1, token_tiles=2, groups=2))]:
         x = torch.randn(m, k).to(dtype).cuda()
@@ -539,10 +539,7 @@ def test_block_columns(fmt, layout, dtype, k):
     k-warp counts, a cluster and a register cap; tokens of very different magnitudes (bf16: 2^-100 to 2^60, each
     token's own power of two); and the same bits as the default kernel on small-integer data with unit scales."""
     n = 203
-    w, scale, plain = _operands(n, k, fmt, layout)
-    w, scale = w.cuda(), scale.cuda()
-    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
-    bias = torch.randn(n).to(dtype).cuda()
+    w, scale, plain, gs, bias = _cuda_operands(n, k, fmt, layout, dtype)
     for m, cfg in [(1, {}), (2, dict(k_warps=4)), (3, dict(k_warps=16, k_splits=2)), (4, dict(groups=2, k_warps=2)),
                    (5, dict(k_warps=8, max_registers=48)), (2, dict(row_warps=2, k_warps=4))]:
         x = torch.randn(m, k)
