@@ -272,8 +272,8 @@ def test_config_for_token_tiles_and_describe():
 def test_block_columns_rule():
     """block_columns_for: MXFP4 at 1-2 tokens on weights of COLUMNS_MIN_WEIGHT_BYTES and more whose columns split is
     one-group CTAs; never NVFP4, 3+ tokens, smaller weights, or a sweep's named config."""
-    big = (8192, 6144)  # 24 MB of codes, the threshold
-    assert kernels.COLUMNS_MIN_WEIGHT_BYTES == big[0] * big[1] // 2
+    big = (8192, 6144)  # 24 MB of codes, the threshold with bf16 x
+    assert kernels.COLUMNS_MIN_WEIGHT_BYTES["bf16"] == big[0] * big[1] // 2
     for m in (1, 2):
         cfg = kernels.config_for(m, *big, "mxfp4", "plain", "bf16", False, False)
         assert cfg.block_columns and cfg.groups == 1 and cfg.k_parts == 1 and cfg.mma_dtype == "fp16"
@@ -283,6 +283,10 @@ def test_block_columns_rule():
     assert not kernels.config_for(3, *big, "mxfp4", "plain", "bf16", False, False).block_columns
     assert not kernels.config_for(1, *big, "nvfp4", "plain", "bf16", False, False).block_columns
     assert not kernels.config_for(1, 8192 - 128, 6144, "mxfp4", "plain", "bf16", False, False).block_columns
+    # fp16 x: from 12 MB (the default kernel multiplies MXFP4 by fp16 x as bf16 hi + lo, twice the MMAs)
+    assert kernels.config_for(1, 6144, 4096, "mxfp4", "plain", "fp16", False, False).block_columns
+    assert not kernels.config_for(1, 6144, 4096, "mxfp4", "plain", "bf16", False, False).block_columns
+    assert not kernels.config_for(1, 2048, 768, "mxfp4", "plain", "fp16", False, False).block_columns
     assert not kernels.block_columns_for(1, 12288, 4096, "mxfp4", 132)  # its columns split is two-group CTAs
     assert not kernels.config_for(1, *big, "mxfp4", "plain", "bf16", False, False, k_warps=4).block_columns
     assert kernels.config_for(1, 64, 64, "nvfp4", "plain", "bf16", False, False, block_columns=True).block_columns

@@ -210,13 +210,17 @@ def acc_sets_for(groups: int, token_tiles: int, fmt: str, x_dtype: str) -> int:
 # 1.59 -> 1.38, 14336 x 4096 1.54 -> 1.49); two-group splits (80 registers) 6-9 % slower; smaller weights slower (the
 # x pass, a second kernel, costs ~1-2 us a call: 6144 x 4096 4 % slower, 2048 x 768 37 %); NVFP4 slower everywhere
 # (5-63 %), 3-4 tokens (two CTAs along M, each decoding W) 38-260 % slower.
-COLUMNS_MIN_WEIGHT_BYTES = 24 << 20
+# With fp16 x the default kernel runs MXFP4 as bf16 hi + lo, twice the MMAs (2.1-2.6 x the read at 1-2 tokens), and
+# block columns take fp16 x as it is: 1.33-1.53 x on the 7 shapes of 12.6 MB and more (docs/linear_h200_block_columns_
+# fp16.csv; 6144 x 4096 2.09 -> 1.53), slower only on 2048 x 768 (0.8 MB: 1.40 -> 1.95, where the default kernel
+# takes two K parts). Weights between those two were not measured; the cut is the smallest win.
+COLUMNS_MIN_WEIGHT_BYTES = {"bf16": 24 << 20, "fp16": 12 << 20}
 
 
-def block_columns_for(m: int, n: int, k: int, fmt: str, sms: int) -> bool:
-    """Whether M tokens of N x K take the block-columns kernel: MXFP4, 1-2 tokens, at least COLUMNS_MIN_WEIGHT_BYTES
-    of codes, and a split of one-group CTAs."""
-    if fmt != "mxfp4" or m > 2 or n * k // 2 < COLUMNS_MIN_WEIGHT_BYTES:
+def block_columns_for(m: int, n: int, k: int, fmt: str, sms: int, x_dtype: str = "bf16") -> bool:
+    """Whether M tokens of N x K take the block-columns kernel: MXFP4, 1-2 tokens, at least
+    COLUMNS_MIN_WEIGHT_BYTES[x_dtype] of codes, and a split of one-group CTAs."""
+    if fmt != "mxfp4" or m > 2 or n * k // 2 < COLUMNS_MIN_WEIGHT_BYTES[x_dtype]:
         return False
     return _split(m, n, k, sms, 1, 1, fmt)[2] == 1
 
@@ -228,7 +232,7 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     order from m_major_for."""
     columns = override.get("block_columns")
     if columns is None:  # the rule, unless a sweep or test names other config fields
-        columns = set(override) <= {"sf_dtype"} and block_columns_for(m, n, k, fmt, sms)
+        columns = set(override) <= {"sf_dtype"} and block_columns_for(m, n, k, fmt, sms, x_dtype)
     override = {**override, "block_columns": columns}
     parts = 1 if columns else override.get("k_parts") or k_parts_for(m, n, k, sms)
     token_tiles = 1 if columns else override.get("token_tiles") or (1 if parts == 2 else token_tiles_for(m, n, k))
