@@ -211,7 +211,7 @@ def acc_sets_for(groups: int, token_tiles: int, fmt: str, x_dtype: str) -> int:
 # x pass, a second kernel, costs ~1-2 us a call: 6144 x 4096 4 % slower, 2048 x 768 37 %); NVFP4 slower everywhere
 # (5-63 %), 3-4 tokens (two CTAs along M, each decoding W) 38-260 % slower.
 # With fp16 x the default kernel runs MXFP4 as bf16 hi + lo, twice the MMAs (2.1-2.6 x the read at 1-2 tokens), and
-# block columns take fp16 x as it is: 1.33-1.53 x on the 7 shapes of 12.6 MB and more (6144 x 4096 2.09 -> 1.53;
+# block columns take fp16 x as it is: 1.33-1.62 x on the 7 shapes of 12.6 MB and more (6144 x 4096 2.09 -> 1.53;
 # docs/linear_h200_block_columns_fp16.csv), slower only on 2048 x 768 (0.8 MB: 1.40 -> 1.95, where the default
 # kernel takes two K parts). Weights between those two were not measured; the cut is the smallest win.
 COLUMNS_MIN_WEIGHT_BYTES = {"bf16": 24 << 20, "fp16": 12 << 20}
