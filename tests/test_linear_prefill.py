@@ -43,7 +43,7 @@ def test_bind_routes_by_token_count(monkeypatch):
 
     def fake_plan_for(m, *args, **override):
         calls.append(("plan", m))
-        return (lambda x, *rest: calls.append(("kernel", x.shape[0]))), None, None
+        return (lambda x, *rest: calls.append(("kernel", x.shape[0]))), None, None, False
 
     monkeypatch.setattr(prefill, "bind", fake_prefill_bind)
     monkeypatch.setattr(kernels, "plan_for", fake_plan_for)

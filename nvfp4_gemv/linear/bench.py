@@ -193,11 +193,17 @@ def host_table(n=4096, k=4096, m=1, log=print) -> dict:
     fp4_linear(x, w, sf, "nvfp4", 0.5)
     launch = kernels.bind(n, k, x.device, x.dtype, sf.dtype, "nvfp4", "plain", True, False)
     launch(y, x, w, sf, gs, None)
-    fn, _, bias_dummy = kernels.plan_for(m, n, k, x.device, x.dtype, sf.dtype, "nvfp4", "plain", True, False)
+    fn, _, bias_dummy, _ = kernels.plan_for(m, n, k, x.device, x.dtype, sf.dtype, "nvfp4", "plain", True, False)
     xs = torch.randn(1, 256, device="cuda").to(torch.bfloat16)
     ws = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
+    # MXFP4 on 24 MB of codes takes the block-columns kernel: a workspace and two kernels a call.
+    n_bc, k_bc = 8192, 6144
+    w_bc, sf_bc = random_weights(n_bc, k_bc, "mxfp4")
+    x_bc = torch.randn(m, k_bc, device="cuda").to(torch.bfloat16)
+    assert kernels.config_for(m, n_bc, k_bc, "mxfp4", "plain", "bf16", False, False).block_columns
     rows = {
         "fp4_linear (eager op)": lambda d: fp4_linear(x, w, sf, "nvfp4", 0.5),
+        f"fp4_linear, MXFP4 {n_bc} x {k_bc} (block columns)": lambda d: fp4_linear(x_bc, w_bc, sf_bc, "mxfp4"),
         "bound launch (size check + plan + launch)": lambda d: launch(y, x, w, sf, gs, None),
         "raw TVM-FFI function": lambda d: fn(x, w, sf, y, gs, bias_dummy),
         "torch.empty of y": lambda d: torch.empty(m, n, dtype=torch.bfloat16, device="cuda"),
