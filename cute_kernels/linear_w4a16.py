@@ -436,6 +436,11 @@ class LinearW4A16:
 
     @cute.jit
     def build(self, mX, mW, mSF, mY, mGS, mBias):
+        x_words, w_words, sf, m, n, k = self.views(mX, mW, mSF, mY)
+        return self.kernel(x_words, w_words, sf, mY, mGS, mBias, m, n, k), self.launch_shape(m, n)
+
+    def views(self, mX, mW, mSF, mY):
+        """(x as 32-bit words, W as words, its scales as bytes by (row, scale column), M, N, K) of a call."""
         cfg = self.cfg
         m, k = mX.shape
         n = mY.shape[1]
@@ -443,6 +448,11 @@ class LinearW4A16:
             cute.recast_ptr(mX.iterator, dtype=Uint32), cute.make_layout((m, k // 2), stride=(mX.stride[0] // 2, 1))
         )
         w_words, sf = weight_views(mW, mSF, cfg.fmt, cfg.sf_kind, n, k)
+        return x_words, w_words, sf, m, n, k
+
+    def launch_shape(self, m, n) -> dict:
+        """The main kernel's launch keywords: grid, block, cluster, and the register cap as CTAs an SM."""
+        cfg = self.cfg
         n_tiles = (n + cfg.rows_per_cta - 1) // cfg.rows_per_cta
         m_tiles = (m + cfg.tokens_per_cta - 1) // cfg.tokens_per_cta
         grid = [n_tiles * cfg.k_splits, m_tiles, 1]
@@ -453,8 +463,8 @@ class LinearW4A16:
             shape["cluster"] = [cfg.k_splits, 1, 1]  # consecutive CTAs: one row tile, K split over them
         if const_expr(cfg.max_registers > 0):
             # A CTA's shared memory: its k-warp sums, and 1 KB the SM reserves a CTA.
-            cap_registers(shape, cfg.min_ctas_per_sm(), 4 * cfg.groups * cfg.token_tiles * 32 * self.warps * 4 + 1024)
-        return self.kernel(x_words, w_words, sf, mY, mGS, mBias, m, n, k), shape
+            cap_registers(shape, cfg.min_ctas_per_sm(), 4 * self.sums_per_thread() * 32 * self.warps + 1024)
+        return shape
 
     # ------------------------------------------------------------ per step
 
@@ -553,23 +563,7 @@ class LinearW4A16:
     def kernel(self, x_words: cute.Tensor, w_words: cute.Tensor, sf: cute.Tensor, mY: cute.Tensor,
                mGS: cute.Tensor, mBias: cute.Tensor, m: Int32, n: Int32, k: Int32):
         cfg = self.cfg
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, bidy, _ = cute.arch.block_idx()
-        if const_expr(cfg.m_major):
-            bidx, bidy = bidy, bidx  # bidx: the row tile, bidy: the token tile, as in the default grid
-        splits = cfg.k_splits
-        split = 0
-        if const_expr(splits > 1):
-            split = bidx % splits  # the CTA's rank in its cluster
-            bidx = bidx // splits
-        lane = tidx % 32
-        warp = tidx // 32
-        wr = warp % cfg.row_warps
-        wk = warp // cfg.row_warps
-        kq = wk if splits == 1 else split * cfg.k_warps + wk  # this warp's K lane of the cluster's k_warps x k_splits
-        k_lanes = cfg.k_warps * splits
-        r = lane // 4
-        c = lane % 4
+        bidx, bidy, split, lane, warp, wr, wk, kq, k_lanes, r, c = self.coordinates()
         kp = cfg.k_parts
         part = r % kp  # this lane's K part (its MMA row of W and its MMA column of x)
         row0 = bidx * cfg.rows_per_cta + wr * (cfg.group_rows * cfg.groups)
@@ -610,6 +604,25 @@ class LinearW4A16:
                 acc[i] = acc[i] + accs[1][i]
 
         self.sum_and_store(acc, red, cta_sums, lane, warp, wr, wk, split, (mGS, row0, r, c, bidy, mY, mBias, m, n))
+
+    def coordinates(self):
+        """Where this thread works: (row tile, token tile, rank in the cluster, lane, warp, row-warp, k-warp, this
+        warp's K lane of the cluster's k_warps x k_splits, their count, MMA row r = lane / 4, c = lane % 4)."""
+        cfg = self.cfg
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        if const_expr(cfg.m_major):
+            bidx, bidy = bidy, bidx  # bidx: the row tile, bidy: the token tile, as in the default grid
+        split = 0
+        if const_expr(cfg.k_splits > 1):
+            split = bidx % cfg.k_splits  # the CTA's rank in its cluster
+            bidx = bidx // cfg.k_splits
+        lane = tidx % 32
+        warp = tidx // 32
+        wr = warp % cfg.row_warps
+        wk = warp // cfg.row_warps
+        kq = wk if cfg.k_splits == 1 else split * cfg.k_warps + wk
+        return bidx, bidy, split, lane, warp, wr, wk, kq, cfg.k_warps * cfg.k_splits, lane // 4, lane % 4
 
     def sums_per_thread(self) -> int:
         """fp32 sums a thread holds after the K loop (its accumulators)."""

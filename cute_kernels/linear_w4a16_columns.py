@@ -31,13 +31,13 @@ The work split (row groups, k-warps, clusters) is `LinearW4A16`'s, with two toke
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32, const_expr
+from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from cute_kernels.compile import SmemAllocator, cap_registers, load_atom
+from cute_kernels.compile import SmemAllocator, load_atom
 from cute_kernels.decode import e4m3x2_to_f32x2
 from cute_kernels.linear_w4a16 import (
-    MX_VEC, PAIRS, STEP_K, LinearW4A16, decode_word, ld_global_nc, mma_16816, prmt, sf_address, weight_views,
-    x_pair_selector,
+    MX_VEC, PAIRS, STEP_K, LinearW4A16, decode_word, ld_global_nc, mma_16816, prmt, sf_address, x_pair_selector,
 )
 from cute_kernels.ptx import asm_u32, inline_ptx
 from layouts.constants import SF_VEC
@@ -52,18 +52,12 @@ def prepared_words(k: int) -> int:
     return -(-k // STEP_K) * X_WORDS_PER_STEP
 
 
-@cute.jit
-def _bits_to_f32(bits):
-    r = cute.make_rmem_tensor(cute.make_layout(1), Uint32)
-    r[0] = Uint32(bits)
-    return cute.recast_tensor(r, Float32)[0]
+def _bits_to_f32(bits) -> Float32:
+    return Float32(llvm.bitcast(T.f32(), Uint32(bits).ir_value()))
 
 
-@cute.jit
-def _f32_bits(v):
-    r = cute.make_rmem_tensor(cute.make_layout(1), Float32)
-    r[0] = Float32(v)
-    return cute.recast_tensor(r, Uint32)[0]
+def _f32_bits(v) -> Uint32:
+    return Uint32(llvm.bitcast(T.i32(), Float32(v).ir_value()))
 
 
 def f32x2_to_f16x2(lo, hi) -> Uint32:
@@ -107,21 +101,9 @@ class LinearW4A16Columns(LinearW4A16):
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mSF: cute.Tensor, mY: cute.Tensor, mGS: cute.Tensor,
                  mBias: cute.Tensor, mXP: cute.Tensor, mFX: cute.Tensor, stream=None):
-        cfg = self.cfg
-        m, k = mX.shape
-        n = mY.shape[1]
-        x_words = cute.make_tensor(
-            cute.recast_ptr(mX.iterator, dtype=Uint32), cute.make_layout((m, k // 2), stride=(mX.stride[0] // 2, 1))
-        )
+        x_words, w_words, sf, m, n, k = self.views(mX, mW, mSF, mY)
         xp = cute.make_tensor(mXP.iterator, cute.make_layout((m, mXP.shape[1]), stride=(mXP.stride[0], 1)))
-        w_words, sf = weight_views(mW, mSF, cfg.fmt, cfg.sf_kind, n, k)
-        n_tiles = (n + cfg.rows_per_cta - 1) // cfg.rows_per_cta
-        m_tiles = (m + cfg.tokens_per_cta - 1) // cfg.tokens_per_cta
-        shape = dict(grid=[n_tiles * cfg.k_splits, m_tiles, 1], block=[cfg.threads, 1, 1])
-        if const_expr(cfg.k_splits > 1):
-            shape["cluster"] = [cfg.k_splits, 1, 1]
-        if const_expr(cfg.max_registers > 0):
-            cap_registers(shape, cfg.min_ctas_per_sm(), 4 * 2 * cfg.groups * 32 * self.warps + 1024)
+        shape = self.launch_shape(m, n)
         prep = self.prep_kernel(x_words, xp, mFX, k)
         main = self.kernel(xp, mFX, w_words, sf, mY, mGS, mBias, m, n, k)
         prep_shape = dict(grid=[m, 1, 1], block=[PREP_THREADS, 1, 1])
@@ -148,12 +130,8 @@ class LinearW4A16Columns(LinearW4A16):
             smem = SmemAllocator()
             red = smem.allocate_tensor(Int32, cute.make_layout(PREP_THREADS // 32), 16)
             mx = Int32(0)
-            atom = load_atom(Uint32, 128)
             for p in cutlass.range(tidx, n_pieces, PREP_THREADS, unroll=2):
-                u = cute.make_rmem_tensor(cute.make_layout(16), Uint32)
-                for v in cutlass.range_constexpr(4):
-                    cute.copy(atom, cute.local_tile(x_words[tok, None], (4,), (4 * p + v,)),
-                              cute.local_tile(u, (4,), (v,)))
+                u = self.load_piece(x_words, tok, p)
                 for i in cutlass.range_constexpr(16):
                     mx = cutlass.max(mx, Int32(u[i] & Uint32(0x7FFF)))
                     mx = cutlass.max(mx, Int32((u[i] >> 16) & Uint32(0x7FFF)))
@@ -176,12 +154,9 @@ class LinearW4A16Columns(LinearW4A16):
             if tidx == 0:
                 fx[tok] = Float32(1.0)
         pairs = PAIRS["fp16"]
-        atom = load_atom(Uint32, 128)
         store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Uint32, num_bits_per_copy=128)
         for p in cutlass.range(tidx, n_pieces, PREP_THREADS, unroll=2):  # read again, from L1
-            u = cute.make_rmem_tensor(cute.make_layout(16), Uint32)
-            for v in cutlass.range_constexpr(4):
-                cute.copy(atom, cute.local_tile(x_words[tok, None], (4,), (4 * p + v,)), cute.local_tile(u, (4,), (v,)))
+            u = self.load_piece(x_words, tok, p)
             s = p // 4
             c = p % 4
             for w in cutlass.range_constexpr(4):
@@ -196,6 +171,15 @@ class LinearW4A16Columns(LinearW4A16):
                     else:
                         o[i] = prmt(u[ea // 2], u[eb // 2], x_pair_selector(a, b))
                 cute.copy(store, o, cute.local_tile(xp[tok, None], (4,), (16 * s + 4 * w + c,)))
+
+    @staticmethod
+    def load_piece(x_words, tok, p):
+        """Piece p (32 elements, 64 bytes) of token tok of x, in four 16-byte loads."""
+        u = cute.make_rmem_tensor(cute.make_layout(16), Uint32)
+        atom = load_atom(Uint32, 128)
+        for v in range(4):
+            cute.copy(atom, cute.local_tile(x_words[tok, None], (4,), (4 * p + v,)), cute.local_tile(u, (4,), (v,)))
+        return u
 
     # ------------------------------------------------------------ the main kernel
 
@@ -269,21 +253,7 @@ class LinearW4A16Columns(LinearW4A16):
     def kernel(self, xp: cute.Tensor, fx: cute.Tensor, w_words: cute.Tensor, sf: cute.Tensor, mY: cute.Tensor,
                mGS: cute.Tensor, mBias: cute.Tensor, m: Int32, n: Int32, k: Int32):
         cfg = self.cfg
-        tidx, _, _ = cute.arch.thread_idx()
-        bidx, bidy, _ = cute.arch.block_idx()
-        splits = cfg.k_splits
-        split = 0
-        if const_expr(splits > 1):
-            split = bidx % splits
-            bidx = bidx // splits
-        lane = tidx % 32
-        warp = tidx // 32
-        wr = warp % cfg.row_warps
-        wk = warp // cfg.row_warps
-        kq = wk if splits == 1 else split * cfg.k_warps + wk
-        k_lanes = cfg.k_warps * splits
-        r = lane // 4
-        c = lane % 4
+        bidx, bidy, split, lane, warp, wr, wk, kq, k_lanes, r, c = self.coordinates()
         row0 = bidx * cfg.rows_per_cta + wr * (16 * cfg.groups)
         rows = cute.make_rmem_tensor(cute.make_layout((cfg.groups, 2)), Int32)
         for g in cutlass.range_constexpr(cfg.groups):
