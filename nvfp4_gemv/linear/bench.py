@@ -73,10 +73,11 @@ def sweep_configs(token_tiles: int = 1) -> list[dict]:
     return [{}] + [dict(groups=g, k_warps=q, max_registers=c) for g, q, c in kernels.candidates(token_tiles)]
 
 
-def sweep(configs=None, shapes=SHAPES, tokens=TOKENS, formats=("nvfp4",), csv_path=None, log=print):
+def sweep(configs=None, shapes=SHAPES, tokens=TOKENS, formats=("nvfp4",), csv_path=None, log=print,
+          dtype=torch.bfloat16):
     """µs per call of each config override (a dict of kernel config fields; {} is the dispatched config) at every
     (shape, M, format), with the read of the same bytes: the data behind the launcher's choice. configs None: at
-    each M, `sweep_configs` of the token tiles that M takes."""
+    each M, `sweep_configs` of the token tiles that M takes. dtype: x's (bf16 or fp16)."""
     from nvfp4_gemv.linear import kernels
 
     rows = []
@@ -86,7 +87,7 @@ def sweep(configs=None, shapes=SHAPES, tokens=TOKENS, formats=("nvfp4",), csv_pa
             for m in tokens:
                 tiles = kernels.token_tiles_for(m, n, k)
                 for ov in configs if configs is not None else sweep_configs(tiles):
-                    t = _time(lambda: ours(n, k, m, fmt, **ov))
+                    t = _time(lambda: ours(n, k, m, fmt, dtype, **ov))
                     name = " ".join(f"{a}={b}" for a, b in ov.items()) or "dispatched"
                     rows.append(dict(n=n, k=k, m=m, fmt=fmt, config=name, read_us=read, us=t, ratio=t / read))
                     log(f"{n:>6}x{k:<6} {m:>3} {fmt:>5} {read:7.2f} {t:7.2f} {t / read:6.3f}  {name}")
@@ -201,10 +202,16 @@ def host_table(n=4096, k=4096, m=1, log=print) -> dict:
     w_bc, sf_bc = random_weights(n_bc, k_bc, "mxfp4")
     x_bc = torch.randn(m, k_bc, device="cuda").to(torch.bfloat16)
     assert kernels.config_for(m, n_bc, k_bc, "mxfp4", "plain", "bf16", False, False).block_columns
+    # The same path forced on the small weight, where the GPU keeps up with the host whatever the path.
+    w_mx, sf_mx = random_weights(n, k, "mxfp4")
+    launch_bc = kernels.bind(n, k, x.device, x.dtype, sf_mx.dtype, "mxfp4", "plain", False, False,
+                             block_columns=True)
+    launch_bc(y, x, w_mx, sf_mx, None, None)
     rows = {
         "fp4_linear (eager op)": lambda d: fp4_linear(x, w, sf, "nvfp4", 0.5),
         f"fp4_linear, MXFP4 {n_bc} x {k_bc} (block columns)": lambda d: fp4_linear(x_bc, w_bc, sf_bc, "mxfp4"),
         "bound launch (size check + plan + launch)": lambda d: launch(y, x, w, sf, gs, None),
+        f"bound launch, block columns forced, MXFP4 {n} x {k}": lambda d: launch_bc(y, x, w_mx, sf_mx, None, None),
         "raw TVM-FFI function": lambda d: fn(x, w, sf, y, gs, bias_dummy),
         "torch.empty of y": lambda d: torch.empty(m, n, dtype=torch.bfloat16, device="cuda"),
         "F.linear, 1 x 256 x 256 bf16": lambda d: torch.nn.functional.linear(xs, ws),

@@ -7,6 +7,8 @@ op imports it on its first CUDA call only.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from cute_kernels.compile import compile_kernel, raw_function
@@ -272,6 +274,41 @@ def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_globa
     return fn, _dummy(device, torch.float32), _dummy(device, x_dtype), cfg.block_columns
 
 
+class ColumnsWorkspace:
+    """The workspace of a block-columns call (LinearW4A16Columns): x prepared, (M, prepared_words(K)) uint32, and a
+    factor a token, (M,) fp32, which the call's first kernel writes and its second reads.
+
+    Eager calls reuse one pair per (M, stream, thread), so a call allocates nothing but y (two allocations a call
+    were most of this path's host time; BENCHMARKS.md, "Block scales after the MMA"). That is safe because work on
+    one stream runs in order and the first kernel is launched without programmatic dependence, so it starts only
+    once the previous call's second kernel has finished; calls from another stream or thread get their own pair,
+    so no call overwrites x that another has yet to read. Under CUDA-graph capture every call allocates its own pair
+    from the graph's pool: a replay must not share a workspace with eager calls or with other graphs."""
+
+    MAX_ENTRIES = 64  # (M, stream, thread) pairs kept; past that the cache starts again (buffers are a few KB)
+
+    def __init__(self, k: int, device):
+        self.words = prepared_words(k)
+        self.device = torch.device(device)
+        self.index = self.device.index if self.device.index is not None else 0
+        self.pairs: dict = {}
+
+    def fresh(self, m: int):
+        return (torch.empty(m, self.words, dtype=torch.uint32, device=self.device),
+                torch.empty(m, dtype=torch.float32, device=self.device))
+
+    def __call__(self, m: int):
+        if torch.cuda.is_current_stream_capturing():
+            return self.fresh(m)
+        key = (m, torch._C._cuda_getCurrentRawStream(self.index), threading.get_ident())
+        pair = self.pairs.get(key)
+        if pair is None:
+            if len(self.pairs) >= self.MAX_ENTRIES:
+                self.pairs.clear()
+            pair = self.pairs[key] = self.fresh(m)
+        return pair
+
+
 def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
     """The launch of one call signature (everything but M and the data): `launch(out2d, x2d, weight_u8, scale,
     global_scale, bias)`. A call costs the size check (M enters it), one dict lookup and the TVM-FFI launch; the
@@ -280,7 +317,7 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
     prefill.PREFILL_MIN_TOKENS tokens (not with `override`, which names a config of the fp4 kernel) the call goes to
     the dequantize-and-GEMM path instead (nvfp4_gemv/linear/prefill.py)."""
     plans = {}
-    x_words = prepared_words(k)
+    workspace = ColumnsWorkspace(k, device)
 
     def launch(out2d, x2d, weight_u8, scale, global_scale, bias):
         m = x2d.shape[0]
@@ -302,10 +339,7 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
         operands = (x2d, weight_u8, scale, out2d, gs_dummy if global_scale is None else global_scale,
                     bias_dummy if bias is None else bias)
         if columns:
-            # The prepared x and its factor a token (LinearW4A16Columns), filled by the call's first kernel; two
-            # allocations (torch.empty of y: 2.5 us on the H200's host), where one sliced and viewed took 8.9 us.
-            fn(*operands, torch.empty(m, x_words, dtype=torch.uint32, device=x2d.device),
-               torch.empty(m, dtype=torch.float32, device=x2d.device))
+            fn(*operands, *workspace(m))
         else:
             fn(*operands)
 
