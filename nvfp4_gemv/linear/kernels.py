@@ -285,27 +285,27 @@ class ColumnsWorkspace:
     so no call overwrites x that another has yet to read. Under CUDA-graph capture every call allocates its own pair
     from the graph's pool: a replay must not share a workspace with eager calls or with other graphs."""
 
-    MAX_ENTRIES = 64  # (M, stream, thread) pairs kept; past that the cache starts again (buffers are a few KB)
+    MAX_ENTRIES = 64  # (M, device, stream, thread) pairs kept; past that the cache starts again (buffers are a few KB)
 
     def __init__(self, k: int, device):
         self.words = prepared_words(k)
-        self.device = torch.device(device)
-        self.index = self.device.index if self.device.index is not None else 0
+        self.index = torch.device(device).index  # None: the current device at each call, as torch.empty takes it
         self.pairs: dict = {}
 
-    def fresh(self, m: int):
-        return (torch.empty(m, self.words, dtype=torch.uint32, device=self.device),
-                torch.empty(m, dtype=torch.float32, device=self.device))
+    def fresh(self, m: int, index: int):
+        return (torch.empty(m, self.words, dtype=torch.uint32, device=index),
+                torch.empty(m, dtype=torch.float32, device=index))
 
     def __call__(self, m: int):
+        index = torch.cuda.current_device() if self.index is None else self.index
         if torch.cuda.is_current_stream_capturing():
-            return self.fresh(m)
-        key = (m, torch._C._cuda_getCurrentRawStream(self.index), threading.get_ident())
+            return self.fresh(m, index)
+        key = (m, index, torch._C._cuda_getCurrentRawStream(index), threading.get_ident())
         pair = self.pairs.get(key)
         if pair is None:
             if len(self.pairs) >= self.MAX_ENTRIES:
                 self.pairs.clear()
-            pair = self.pairs[key] = self.fresh(m)
+            pair = self.pairs[key] = self.fresh(m, index)
         return pair
 
 
