@@ -80,12 +80,15 @@ def wgmma_step(acc, frags, desc_lo, tile16: int, dtype: str, *, loc=None, ip=Non
         lines += [f"add.u32 lo, ${dsc}, {i * tile16};", "mov.b64 dd, {lo, hi};",
                   f"wgmma.mma_async.sync.aligned.m64n{2 * n}k16.f32.{ab}.{ab} {{{d}}}, {{{av}}}, dd, p, 1, 1, 0;"]
     lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
-    operands = ([Float32(v).ir_value(loc=loc, ip=ip) for v in acc]
-                + [Uint32(v).ir_value(loc=loc, ip=ip) for f in frags for v in f]
-                + [Int32(desc_lo).ir_value(loc=loc, ip=ip)])
+    # Inputs in the constraints' order: the A fragments, the descriptor, then the accumulators tied to the outputs.
+    operands = ([Uint32(v).ir_value(loc=loc, ip=ip) for f in frags for v in f]
+                + [Int32(desc_lo).ir_value(loc=loc, ip=ip)]
+                + [Float32(v).ir_value(loc=loc, ip=ip) for v in acc])
     constraints = ",".join(["=f"] * n + ["r"] * (4 * len(frags)) + ["r"] + [str(i) for i in range(n)])
-    res = inline_ptx(llvm.StructType.get_literal([T.f32()] * n), operands, "\n\t".join(lines),
-                     constraints + ",~{memory}", side_effects=True, loc=loc, ip=ip)
+    # No memory clobber: the staged x was written before the CTA's barrier, and W loads of later steps may move
+    # above the MMAs (as they do above mma.sync in LinearW4A16).
+    res = inline_ptx(llvm.StructType.get_literal([T.f32()] * n), operands, "\n\t".join(lines), constraints,
+                     side_effects=True, loc=loc, ip=ip)
     return [Float32(llvm.extractvalue(T.f32(), res, [i], loc=loc, ip=ip)) for i in range(n)]
 
 
