@@ -78,8 +78,6 @@ class LinearW4A16Config:
     k_parts: int = 1  # 2: each weight row on two MMA rows, two 128-K halves of a 256-K step; 4 tokens a tile
     acc_sets: int = 1  # 2: a step's MMAs alternate between two accumulator sets (two chains of 4, not one of 8)
     block_columns: bool = False  # LinearW4A16Columns: x prepared as f16, block scales after the MMA, 2 tokens a CTA
-    wgmma: bool = False  # LinearW4A16Wgmma (sm_90a): a warpgroup a 64-row tile, x staged in shared memory as wgmma's B
-    x_slots: int = 0  # wgmma: the 128-K steps of x a CTA can stage (its shared memory); the call's must fit
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -105,13 +103,6 @@ class LinearW4A16Config:
         if self.block_columns and (self.k_parts, self.token_tiles, self.acc_sets, self.m_major) != (1, 1, 1, False):
             raise ValueError(f"block_columns takes one K part, one token tile, one accumulator set and no m_major, "
                              f"got {self}")
-        if self.wgmma and ((self.row_warps, self.groups, self.k_parts, self.acc_sets) != (4, 1, 1, 1)
-                           or self.block_columns or self.m_major or self.split_x or self.max_registers
-                           or not 1 <= self.x_slots <= 512):
-            raise ValueError(f"wgmma takes row_warps = 4 (one warpgroup), one group, one K part, one accumulator set, "
-                             f"no block columns, m_major, split x or register cap, and 1 <= x_slots <= 512, got {self}")
-        if not self.wgmma and self.x_slots:
-            raise ValueError(f"x_slots is wgmma's, got {self}")
         if self.m_major and self.k_splits > 1:
             raise ValueError(f"m_major takes no cluster (k_splits = 1), got {self}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
@@ -637,11 +628,11 @@ class LinearW4A16:
         """fp32 sums a thread holds after the K loop (its accumulators)."""
         return 4 * self.cfg.groups * self.cfg.token_tiles
 
-    def reduction_smem(self, smem=None):
+    def reduction_smem(self):
         """Shared memory of sum_and_store: every warp's sums (k-warps), and with k_splits > 1 the CTA's sums that
-        rank 0 reads (else None); from `smem`, the kernel's allocator, where it has one."""
+        rank 0 reads (else None)."""
         cfg = self.cfg
-        smem = smem or SmemAllocator()
+        smem = SmemAllocator()
         per_thread = self.sums_per_thread()
         red = smem.allocate_tensor(Float32, cute.make_layout((per_thread, 32, self.warps)), 16)
         cta_sums = None

@@ -14,7 +14,6 @@ import torch
 from cute_kernels.compile import compile_kernel, raw_function
 from cute_kernels.linear_w4a16 import STEP_K, LinearW4A16, LinearW4A16Config
 from cute_kernels.linear_w4a16_columns import LinearW4A16Columns, prepared_words
-from cute_kernels.linear_w4a16_wgmma import LinearW4A16Wgmma
 from cute_kernels.targets import target
 from cute_kernels.tc_workspace import capability, sm_count
 from nvfp4_gemv.dispatch import MAX_CTAS_PER_SM, REGISTER_FILE, ctas_per_sm, last_wave_fill
@@ -248,20 +247,8 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap,
                k_splits=splits, m_major=m_major, k_parts=parts,
                acc_sets=1 if columns else acc_sets_for(override.get("groups", groups), token_tiles, fmt, x_dtype))
-    if override.get("wgmma"):
-        cfg.update(groups=1, row_warps=4, k_parts=1, acc_sets=1, m_major=False, max_registers=0, k_splits=1)
     cfg.update(override)
-    if cfg.get("wgmma") and not cfg.get("x_slots"):
-        cfg["x_slots"] = wgmma_x_slots(k, cfg["k_warps"], cfg["k_splits"])
     return LinearW4A16Config(**cfg)
-
-
-def wgmma_x_slots(k: int, k_warps: int, k_splits: int) -> int:
-    """The staged 128-K steps of x a wgmma CTA needs (LinearW4A16Wgmma.slots_used at rank 0), rounded up to a
-    multiple of 4 so that nearby K share a compiled kernel."""
-    lanes = k_warps * k_splits
-    need = -(-(-(-k // STEP_K)) // lanes) * k_warps  # the partial last step included
-    return -(-need // 4) * 4
 
 
 _DUMMIES: dict = {}
@@ -282,7 +269,7 @@ def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_globa
     fields = {"sf_dtype": _SF_DTYPES[scale_dtype], **override}
     cfg = config_for(m, n, k, fmt, scale_layout, _X_DTYPES[x_dtype], has_bias, has_global_scale,
                      sm_count(device.index), **fields)
-    cls = LinearW4A16Columns if cfg.block_columns else LinearW4A16Wgmma if cfg.wgmma else LinearW4A16
+    cls = LinearW4A16Columns if cfg.block_columns else LinearW4A16
     fn = raw_function(compile_kernel(cls, cfg, target(capability(device)), stream="torch"))
     return fn, _dummy(device, torch.float32), _dummy(device, x_dtype), cfg.block_columns
 
