@@ -30,15 +30,17 @@ ring is zeroed once); pieces past K are stored as zeros.
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint32, const_expr
+from cutlass import Float32, Int32, Int64, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from cute_kernels.compile import SmemAllocator, load_atom
+from cute_kernels.compile import SmemAllocator
 from cute_kernels.linear_w4a16 import (
-    PAIRS, STEP_K, LinearW4A16, decode_word, prmt, scale_codes, scale_multipliers, x_pair_selector,
+    MX_VEC, PAIRS, STEP_K, LinearW4A16, decode_word, ld_global_nc, prmt, scale_codes, scale_multipliers, sf_address,
+    x_pair_selector,
 )
 from cute_kernels.ptx import inline_ptx
+from layouts.constants import SF_VEC
 
 MMAS_PER_STEP = STEP_K // 16  # m64nNk16 MMAs of one 128-K step
 CORE_BYTES = 128  # one core matrix: 8 rows of 16 bytes
@@ -73,6 +75,14 @@ def bar_sync(barrier, threads: int, *, loc=None, ip=None) -> None:
     """`bar.sync barrier, threads`: a named barrier of `threads` threads (a warpgroup's)."""
     inline_ptx(None, [Int32(barrier).ir_value(loc=loc, ip=ip)], f"bar.sync $0, {threads};", "r,~{memory}",
                side_effects=True, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def ld_v4(addr, qualifier: str, *, loc=None, ip=None):
+    """`ld.global.<qualifier>.v4.u32` at a byte address: 16 bytes as four words."""
+    res = inline_ptx(llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
+                     f"ld.global.{qualifier}.v4.u32 {{$0, $1, $2, $3}}, [$4];", "=r,=r,=r,=r,l", loc=loc, ip=ip)
+    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
 
 
 @dsl_user_op
@@ -134,39 +144,54 @@ class LinearW4A16Wgmma(LinearW4A16):
         )
 
     @cute.jit
-    def load_stage(self, stage, x_words, w_words, sf, s, live, rows, c, xpos, k, m, with_x):
-        """Step s into a stage: W's 16 bytes and the block scales of this lane's two rows, and this thread's x
-        pieces (zeros past K; none past M). live: whether the warpgroup has step s at all."""
+    def load_stage(self, stage, addr, s, live, c, xpos, k, m, with_x):
+        """Step s into a stage: W's 16 bytes and the block scales of this lane's two rows, and (with_x) this thread's x
+        pieces. `addr`: the byte addresses of step 0 (load_addresses). live: whether the warpgroup has step s."""
         cfg = self.cfg
         rW, rX, rS = stage
         if live and s * STEP_K + 32 * c < k:
-            wq = s * (STEP_K // 8) + 4 * c
-            atom_w = load_atom(Uint32, 128, l1_no_allocate=True)
             for h in cutlass.range_constexpr(2):
-                cute.copy(atom_w, cute.local_tile(w_words[rows[0, h], None], (4,), (wq // 4,)), rW[None, h])
-            rS1 = cute.make_rmem_tensor(cute.make_layout((2, 1)), Uint32)
-            self.load_scales(rS1, sf, s, rows, c)
-            for h in cutlass.range_constexpr(2):
-                rS[h] = rS1[h, 0]
+                v = ld_v4(addr[h] + Int64(s) * (STEP_K // 2), "L1::no_allocate")
+                for e in cutlass.range_constexpr(4):
+                    rW[e, h] = v[e]
+                rS[h] = ld_global_nc(addr[2 + h] + Int64(s) * addr[4], 16 if cfg.fmt == "nvfp4" else 8)
         else:
             rW.fill(0)
             for h in cutlass.range_constexpr(2):
                 rS[h] = Uint32(0x3838)  # any finite scale: the codes are zero
         if const_expr(with_x):
-            self.load_x(stage, x_words, s, live, xpos, k, m)
+            self.load_x(stage, addr, s, live, xpos, k, m)
 
     @cute.jit
-    def load_x(self, stage, x_words, s, live, xpos, k, m):
+    def load_x(self, stage, addr, s, live, xpos, k, m):
         """This thread's x pieces of step s (zeros past K or where the warpgroup has no step s; none past M)."""
         _, rX, _ = stage
-        atom_x = load_atom(Uint32, 128)
         for j in cutlass.range_constexpr(self.pieces):
-            tok, k0 = xpos[0, j], s * STEP_K + xpos[1, j]
-            if live and tok < m and k0 < k:
-                cute.copy(atom_x, cute.local_tile(x_words[tok, None], (4,), (k0 // 8,)), rX[None, j])
+            if live and xpos[0, j] < m and s * STEP_K + xpos[1, j] < k:
+                v = ld_v4(addr[5 + j] + Int64(s) * (2 * STEP_K), "nc")
+                for e in cutlass.range_constexpr(4):
+                    rX[e, j] = v[e]
             else:
                 for e in cutlass.range_constexpr(4):
                     rX[e, j] = Uint32(0)
+
+    @cute.jit
+    def load_addresses(self, x_words, w_words, sf, rows, c, kq, xpos, m):
+        """Byte addresses of step 0 of this thread's loads, and the scale bytes between steps: (W row r, W row r + 8,
+        scale of row r, of row r + 8, scale stride, x piece j...). Step s adds s times the step's bytes (64 of W, 256
+        of x, one scale stride: every scale layout is linear in the step)."""
+        cfg = self.cfg
+        addr = cute.make_rmem_tensor(cute.make_layout(5 + self.pieces), Int64)
+        per_step = STEP_K // SF_VEC if cfg.fmt == "nvfp4" else STEP_K // MX_VEC
+        col0 = c * (per_step // 4)
+        for h in cutlass.range_constexpr(2):
+            addr[h] = w_words.iterator.toint() + Int64(w_words.layout((rows[0, h], 4 * c))) * 4
+            addr[2 + h] = sf_address(sf, cfg.fmt, rows[0, h], col0)
+        addr[4] = sf_address(sf, cfg.fmt, rows[0, 0], col0 + per_step) - addr[2]
+        for j in cutlass.range_constexpr(self.pieces):
+            tok = cutlass.min(xpos[0, j], m - 1)
+            addr[5 + j] = x_words.iterator.toint() + Int64(x_words.layout((tok, xpos[1, j] // 2))) * 4
+        return addr
 
     @cute.jit
     def store_x(self, stage, slot_base, xpos, m):
@@ -238,16 +263,16 @@ class LinearW4A16Wgmma(LinearW4A16):
         n_steps = (k + STEP_K - 1) // STEP_K
         my_steps = (n_steps - kq + k_lanes - 1) // k_lanes
         whole = const_expr(cfg.wgmma_x_steps > 0)
+        addr = self.load_addresses(x_words, w_words, sf, rows, c, kq, xpos, m)
         if const_expr(whole):
             # x of every step of this warpgroup staged once, before the K loop (my_steps <= wgmma_x_steps).
             for j in cutlass.range(my_steps, unroll=4):
                 stage = self.make_stage()
-                self.load_x(stage, x_words, kq + j * k_lanes, True, xpos, k, m)
+                self.load_x(stage, addr, kq + j * k_lanes, True, xpos, k, m)
                 self.store_x(stage, ring_base + j * slot_bytes(tokens), xpos, m)
         stages = [self.make_stage() for _ in range(depth)]
         for d in cutlass.range_constexpr(depth):
-            self.load_stage(stages[d], x_words, w_words, sf, kq + d * k_lanes, d < my_steps, rows, c, xpos, k, m,
-                            not whole)
+            self.load_stage(stages[d], addr, kq + d * k_lanes, d < my_steps, c, xpos, k, m, not whole)
         if const_expr(not whole):
             self.store_x(stages[0], ring_base, xpos, m)
         fence_proxy_async_shared()
@@ -259,8 +284,7 @@ class LinearW4A16Wgmma(LinearW4A16):
                 if i < my_steps:
                     frags = self.decode_stage(stages[d])
                     ahead = i + depth
-                    self.load_stage(stages[d], x_words, w_words, sf, kq + ahead * k_lanes, ahead < my_steps, rows,
-                                    c, xpos, k, m, not whole)
+                    self.load_stage(stages[d], addr, kq + ahead * k_lanes, ahead < my_steps, c, xpos, k, m, not whole)
                     slot = i
                     if const_expr(not whole):
                         slot = i & 1
