@@ -78,8 +78,6 @@ class LinearW4A16Config:
     k_parts: int = 1  # 2: each weight row on two MMA rows, two 128-K halves of a 256-K step; 4 tokens a tile
     acc_sets: int = 1  # 2: a step's MMAs alternate between two accumulator sets (two chains of 4, not one of 8)
     block_columns: bool = False  # LinearW4A16Columns: x prepared as f16, block scales after the MMA, 2 tokens a CTA
-    wgmma_depth: int = 0  # LinearW4A16Wgmma (sm_90a): warpgroup MMAs, x in shared memory, W this many steps ahead
-    wgmma_x_steps: int = 0  # LinearW4A16Wgmma: 0, x through a two-slot ring; else x of up to this many steps staged once
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -105,10 +103,6 @@ class LinearW4A16Config:
         if self.block_columns and (self.k_parts, self.token_tiles, self.acc_sets, self.m_major) != (1, 1, 1, False):
             raise ValueError(f"block_columns takes one K part, one token tile, one accumulator set and no m_major, "
                              f"got {self}")
-        if self.wgmma_depth and (self.wgmma_depth not in (2, 3, 4) or self.row_warps != 4 or self.block_columns
-                                 or (self.groups, self.k_parts, self.acc_sets) != (1, 1, 1) or self.split_x):
-            raise ValueError(f"wgmma_depth must be 0 or 2-4, with four row-warps (a warpgroup), one group, one K "
-                             f"part, one accumulator set, no block columns and no fp16 x with MXFP4, got {self}")
         if self.m_major and self.k_splits > 1:
             raise ValueError(f"m_major takes no cluster (k_splits = 1), got {self}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248

@@ -487,58 +487,17 @@ def test_9_to_16_tokens_over_two_ctas(fmt, layout, n, k):
         _check(y, x, w, plain, fmt, gs)
 
 
-WGMMA = dict(row_warps=4, groups=1, k_parts=1, acc_sets=1)  # a warpgroup of 64 rows (LinearW4A16Wgmma)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt,layout", LAYOUTS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("k", [2880 + 64, 4096, 192, 64])
-def test_warpgroup_mma(fmt, layout, dtype, k):
-    """LinearW4A16Wgmma (wgmma, x through a shared-memory ring or staged whole, W 2-4 steps ahead) against the
-    reference: 8- and 16-token tiles, 1-4 warpgroups on K, a cluster, partial last steps, K below one step, odd N,
-    tokens past M; and the same bits as the default kernel on small-integer data with unit scales."""
-    if fmt == "mxfp4" and dtype == torch.float16:
-        with pytest.raises(ValueError, match="wgmma_depth"):
-            _run(torch.zeros(1, k, dtype=dtype).cuda(), *_cuda_operands(64, k, fmt, layout, dtype)[:2], fmt, layout,
-                 token_tiles=1, k_warps=1, wgmma_depth=2, **WGMMA)
-        return
-    n = 203
-    w, scale, plain, gs, bias = _cuda_operands(n, k, fmt, layout, dtype)
-    steps = -(-k // 128)
-    for m, cfg in [(1, dict(k_warps=1, wgmma_depth=2)), (3, dict(k_warps=2, wgmma_depth=3)),
-                   (8, dict(k_warps=4, wgmma_depth=4)), (5, dict(k_warps=1, k_splits=2, wgmma_depth=3)),
-                   (11, dict(token_tiles=2, k_warps=2, wgmma_depth=2)),
-                   (16, dict(token_tiles=2, k_warps=4, k_splits=2, wgmma_depth=3)),
-                   (20, dict(token_tiles=2, k_warps=1, wgmma_depth=2)),
-                   (2, dict(k_warps=2, wgmma_depth=3, wgmma_x_steps=-(-steps // 2))),
-                   (13, dict(token_tiles=2, k_warps=1, wgmma_depth=2, wgmma_x_steps=steps))]:
-        x = torch.randn(m, k).to(dtype).cuda()
-        cfg = dict(token_tiles=1, **cfg) if "token_tiles" not in cfg else cfg
-        y = _run(x, w, scale, fmt, layout, gs, bias, **WGMMA, **cfg)
-        _check(y, x, w, plain, fmt, gs, bias)
-    unit = _unit_scales(n, k, fmt, layout)
-    xi = torch.randint(-2, 3, (6, k)).to(dtype).cuda()
-    one = _run(xi, w, unit.cuda(), fmt, layout, k_warps=4)
-    wg = _run(xi, w, unit.cuda(), fmt, layout, token_tiles=1, k_warps=2, wgmma_depth=3, **WGMMA)
-    assert torch.equal(one.view(torch.int16), wg.view(torch.int16))
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("cfg", [{}, dict(k_warps=4, max_registers=48), dict(k_warps=4, k_splits=4), dict(k_parts=2),
                                  dict(k_parts=2, k_warps=2, k_splits=2), dict(block_columns=True),
-                                 dict(block_columns=True, groups=2, k_warps=2, k_splits=2),
-                                 dict(token_tiles=1, k_warps=1, wgmma_depth=2, **WGMMA),
-                                 dict(token_tiles=2, k_warps=2, k_splits=2, wgmma_depth=3, **WGMMA)],
+                                 dict(block_columns=True, groups=2, k_warps=2, k_splits=2)],
                          ids=["dispatched", "capped", "cluster", "two parts", "two parts cluster", "block columns",
-                              "block columns cluster", "wgmma 8 tokens", "wgmma 16 tokens cluster"])
+                              "block columns cluster"])
 def test_one_hot_probes(fmt, dtype, cfg):
     """Row r holds one code at k = (7r + 3) % K and scale 2^(r % 5) on its block; token t is one-hot at row t's k:
     y[t, r] is code · scale when r == t and 0 otherwise, exactly. Every code, both nibbles, every block position."""
-    if cfg.get("wgmma_depth") and fmt == "mxfp4" and dtype == torch.float16:
-        pytest.skip("the warpgroup-MMA kernel takes no fp16 x with MXFP4")
     n, k = 48, 256
     for code in range(16):
         w = torch.zeros(n, k // 2, dtype=torch.uint8)

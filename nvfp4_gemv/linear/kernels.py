@@ -14,7 +14,6 @@ import torch
 from cute_kernels.compile import compile_kernel, raw_function
 from cute_kernels.linear_w4a16 import STEP_K, LinearW4A16, LinearW4A16Config
 from cute_kernels.linear_w4a16_columns import LinearW4A16Columns, prepared_words
-from cute_kernels.linear_w4a16_wgmma import LinearW4A16Wgmma
 from cute_kernels.targets import target
 from cute_kernels.tc_workspace import capability, sm_count
 from nvfp4_gemv.dispatch import MAX_CTAS_PER_SM, REGISTER_FILE, ctas_per_sm, last_wave_fill
@@ -270,7 +269,7 @@ def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_globa
     fields = {"sf_dtype": _SF_DTYPES[scale_dtype], **override}
     cfg = config_for(m, n, k, fmt, scale_layout, _X_DTYPES[x_dtype], has_bias, has_global_scale,
                      sm_count(device.index), **fields)
-    cls = LinearW4A16Columns if cfg.block_columns else LinearW4A16Wgmma if cfg.wgmma_depth else LinearW4A16
+    cls = LinearW4A16Columns if cfg.block_columns else LinearW4A16
     fn = raw_function(compile_kernel(cls, cfg, target(capability(device)), stream="torch"))
     return fn, _dummy(device, torch.float32), _dummy(device, x_dtype), cfg.block_columns
 
