@@ -41,20 +41,16 @@ TC_CONFIGS = {"tc": gemv_tc_sm100.GemvTcSm100Config(), "tc128": gemv_tc_sm100.Ge
 # The CUDA-core kernel's config, from a model fitted to committed sweeps (BENCHMARKS.md, "Dispatch by shape" and
 # "One resident wave"). A GEMV reads at the roofline once about WARPS_PER_SM warps per SM are in flight; warps per CTA
 # (each on its own K windows, summed in a fixed order) add warps where the rows are few.
-# Where the rows are many (r_lanes = 2 CTAs of 8 warps reach WARPS_PER_SM), the grid is sized to the SMs' resident
-# warps (WAVE_CONFIGS, WAVE_REGISTERS): the config whose grid of ceil(M/128)·16·L CTAs is one resident wave with the
-# most warps that have K to read, since CTAs of equal work that spill into a second, partial wave leave the GPU short
-# of warps while that wave runs. Where no config's grid is one wave, the fewest waves with the last one at least
-# FULL_LAST_WAVE full. Graph-timed sweep on the decode suite (docs/sweep_h200_waves.csv, BENCHMARKS.md "One resident
-# wave"): 28672 x 4096 x 1 with 1-warp CTAs (0.97 of a wave) 1.04 x the read, against 1.17 with 2-warp CTAs (1.7
-# waves); 4096 x 7168 x 8 with 2-warp CTAs (1.94 waves) 1.07, against 1.33 with 1-warp CTAs (1.1 waves). Checked
-# against the model it replaced on the 14 shapes of 31 where the two differ, ten of them in no committed suite
-# (docs/dispatch_h200_waves_check.csv): faster on all 14 contest-timed, faster or equal graph-timed. 3-warp CTAs
-# (65-70 registers, 27 warps an SM) came after: they make one wave where 1057-1188 CTAs of 8 rows do (132 SMs), and on
-# seven such shapes measured 1.048-1.067 x the read contest-timed against 1.077-1.149 with 2 warps
-# (docs/dispatch_h200_w3_check.csv). 512-byte row pieces (r_lanes = 1, 48 registers) won some graph-timed points but
-# lost up to 17 % contest-timed (11008 x 4096 x 1: 1.24 against 1.07), and 128-byte ones (r_lanes = 4) were slower or
-# equal on all seven of those shapes where the old model picked them: neither is a candidate.
+# Where the rows are many (r_lanes = 2 CTAs of 8 warps reach WARPS_PER_SM), the grid of ceil(M/128)·16·L CTAs is
+# fixed and the config (WAVE_CONFIGS: 1-4 or 8 warps a CTA) decides how many of them an SM holds (WAVE_REGISTERS) and
+# how many K steps each warp waits out in turn. The choice is a linear model fitted to every committed contest-timed
+# sweep of those configs (wave_score, below; nvfp4_gemv/dispatch_fit.py). It replaced a rule (the config whose grid
+# is one resident wave with the most busy warps, else the fewest waves with the last one 90 % full; BENCHMARKS.md
+# "One resident wave"), which missed by up to 22 % where K is short or the grid a little over one wave (31822 x 1152
+# x 4: 2-warp CTAs at 1.50 x the read against 1.23 for 1-warp ones; 18353 x 1856 x 1: 1.18 against 1.08 for 4-warp
+# CTAs over 2.2 waves). 512-byte row pieces (r_lanes = 1, 48 registers) won some graph-timed points but lost up to
+# 17 % contest-timed (11008 x 4096 x 1: 1.24 against 1.07), and 128-byte ones (r_lanes = 4) were slower or equal on
+# all seven shapes where an older model picked them: neither is a candidate.
 # Where the rows are few (docs/sweep_h200_small_m.csv: small M·L, warps 2-16 × K split over 1-8 CTAs of a cluster;
 # BENCHMARKS.md, "Few rows"):
 # - where K gives a warp at least half a step, 16-warp CTAs while they make one resident wave: with the 2-step unroll
@@ -82,7 +78,6 @@ WAVE_REGISTERS = {
     "permuted": {(1, 2, 2): 72, (2, 2, 2): 64, (3, 2, 2): 72, (4, 2, 2): 64, (8, 2, 4): 64},
     "plain": {(1, 2, 2): 72, (2, 2, 2): 72, (3, 2, 2): 72, (4, 2, 2): 72, (8, 2, 4): 80},
 }
-FULL_LAST_WAVE = 0.9  # where no grid is one wave: the last wave at least this full
 SPLIT_MIN_STEPS = 32  # K // 512 from which K is split over a cluster
 SPLIT_WORK = 150  # ... and only where ctas x SPLIT_WORK <= SMs x K steps
 SPLIT_STEPS_PER_CTA = 8
@@ -112,22 +107,49 @@ def last_wave_fill(n: float) -> float:
     return n / math.ceil(n)
 
 
+# The many-rows model: a score a config, the log of its time over the read as a linear function of the grid it
+# makes; the config of least score is taken. Fitted by `python -m nvfp4_gemv.dispatch_fit` (least squares of
+# log(time / read) within each shape, so only the differences between a shape's configs count) to every committed
+# contest-timed sweep of the five configs on shapes with many rows (WAVE_SWEEPS there: 73 shapes, the suite's and
+# random ones; tests/test_dispatch_fit.py refits them and checks these numbers). The features, per config:
+# - last_wave_empty: log(ceil(n) / n) for a grid of n >= 1 resident waves (how empty the last wave runs);
+# - under_one_wave: log(n) where the grid is under one wave;
+# - partial_step: 1 where K leaves a last CTA step that not every lane has a piece of; partial_step_fill: how full
+#   that step is (the kernel's tail after its unrolled loop, one more load round trip);
+# - busy_warps: log of the warps with K to read that the first wave holds, a SM.
+# Five-fold cross-validation over the shapes (five shuffles): the configs it picks read at 1.134 x the read on
+# geomean, against 1.151 for the rule it replaced and 1.122 for the best config of each shape as measured. Checked
+# after the fit on 56 shapes no sweep had measured (WAVE_CHECK in dispatch_fit: 1.145 against 1.158 for the old
+# rule, 1.130 for the best of each; BENCHMARKS.md, "A fitted many-rows model").
+WAVE_FEATURES = ("last_wave_empty", "under_one_wave", "partial_step", "partial_step_fill", "busy_warps")
+WAVE_CONSTANTS = {(1, 2, 2): 0.0, (2, 2, 2): 0.0849, (3, 2, 2): 0.0234, (4, 2, 2): 0.0522, (8, 2, 4): 0.1464}
+WAVE_WEIGHTS = (0.2849, 0.1381, 0.0601, -0.1434, -0.3387)
+
+
+def wave_features(slabs: int, k: int, sms: int, sf_kind: str, config: tuple[int, int, int]) -> tuple[float, ...]:
+    """The many-rows model's features (WAVE_FEATURES) of `config` = (warps, r_lanes, unroll) for `slabs` 128-row
+    slabs (times L) of K on `sms` SMs."""
+    w, r, u = config
+    regs = WAVE_REGISTERS[sf_kind][config]
+    n = waves(slabs, w, r, regs, sms)
+    ctas = slabs * (32 // r)
+    wave_ctas = sms * ctas_per_sm(regs, w)
+    pieces, lanes = k // 32, 32 // r  # K pieces of a row, and the lanes of a warp that take one each a step
+    rest = pieces % (lanes * w)
+    busy = min(w, -(-pieces // lanes))
+    return (math.log(math.ceil(n) / n) if n >= 1 else 0.0, math.log(n) if n < 1 else 0.0, 1.0 if rest else 0.0,
+            rest / (lanes * w), math.log(min(ctas, wave_ctas) * busy / sms))
+
+
+def wave_score(slabs: int, k: int, sms: int, sf_kind: str, config: tuple[int, int, int]) -> float:
+    """The many-rows model's score of `config` (lower is faster)."""
+    feats = wave_features(slabs, k, sms, sf_kind, config)
+    return WAVE_CONSTANTS[config] + sum(w * f for w, f in zip(WAVE_WEIGHTS, feats))
+
+
 def wave_config(slabs: int, k: int, sms: int, sf_kind: str) -> tuple[int, int, int]:
-    """(warps, r_lanes, unroll) of the many-rows model: the most warps with K pieces to read (a warp step is
-    32 / r_lanes pieces of 32 elements) in one resident wave, else the fewest waves with the last one FULL_LAST_WAVE
-    full, else the fullest last wave."""
-    opts = []
-    for w, r, u in WAVE_CONFIGS:
-        n = waves(slabs, w, r, WAVE_REGISTERS[sf_kind][(w, r, u)], sms)
-        busy = min(w, -(-(k // 32) // (32 // r)))
-        opts.append(((w, r, u), slabs * (32 // r) * busy, n))
-    one = [o for o in opts if o[2] <= 1.0]
-    if one:
-        return max(one, key=lambda o: (o[1], -o[2]))[0]
-    full = [o for o in opts if last_wave_fill(o[2]) >= FULL_LAST_WAVE]
-    if full:
-        return min(full, key=lambda o: o[2])[0]
-    return max(opts, key=lambda o: last_wave_fill(o[2]))[0]
+    """(warps, r_lanes, unroll) of the many-rows model: the config of WAVE_CONFIGS of least wave_score."""
+    return min(WAVE_CONFIGS, key=lambda c: wave_score(slabs, k, sms, sf_kind, c))
 
 
 def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int = H200_SMS):  # noqa: E741
