@@ -79,8 +79,8 @@ def test_choose_split_fills_one_wave(token_tiles):
         warps = -(-n // (16 * g)) * q
         wave = kernels.resident_warps(g, q, token_tiles, cap) * 132
         assert warps <= wave
-        steps = k // 128
-        assert 4 * steps >= 3 * q * -(-steps // q)  # the k-warps at least 3/4 busy
+        steps = kernels.k_steps(k)
+        assert q == 1 or kernels.chain(steps, q) < kernels.chain(steps, q // 2)  # each k-warp shortens the chain
         if n * k >= 2**24:  # large enough to fill half a wave
             waves.append(warps / wave)
         # A cap is taken only where the uncapped split would not fit one wave.
@@ -93,6 +93,36 @@ def test_choose_split_fills_one_wave(token_tiles):
     assert kernels.choose_split(10240, 8192, 132, 1) == (1, 8, 48)
     # The register file bounds resident warps: two groups with 16 warps a CTA hold one CTA (16 warps) an SM.
     assert kernels.resident_warps(2, 8, 1) == 24 and kernels.resident_warps(1, 8, 1) == 32
+
+
+def test_split_rules_measured_on_shapes_no_file_named():
+    """The split rules of `choose_split` and `k_splits_for` on points of docs/linear_h200_split_rule_check.csv and
+    docs/linear_sweep_h200_random_splits.csv (graph-timed, x the read; the old rule's pick against this one's)."""
+
+    def split(m, n, k, fmt="nvfp4"):
+        c = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, True, 132)
+        return c.groups, c.k_warps, c.max_registers, c.k_parts, c.k_splits
+
+    assert kernels.k_steps(544) == 5 and kernels.k_steps(64) == 1  # a partial last step counts
+    # 16 k-warps where 4 in a cluster of 4 were taken: 889 x 3008 at M = 1, 1.56 against 2.04.
+    assert split(1, 889, 3008) == (1, 16, 0, 2, 1)
+    # 8 k-warps for 5 steps (two K parts of 576), where 4 were taken: 679 x 1152, 1.38 against 1.71.
+    assert split(1, 679, 1152) == (1, 8, 0, 2, 1)
+    # No cluster where one k-warp in 16 has a second step (17 steps): 170 x 4160, 10-20 % faster unclustered ...
+    assert split(1, 170, 4160)[4] == 1 and split(8, 170, 4160)[4] == 1
+    # ... and a cluster of 2 where most have two (28 steps): 256 x 7168, 5 % faster clustered.
+    assert split(1, 256, 7168) == (1, 16, 0, 2, 2)
+    # A register cap only with CAP_MIN_STEPS steps a k-warp: 10240 x 8192 at M = 1 (8 a k-warp) keeps it; 9642 x
+    # 1024 (one step a k-warp) does not.
+    assert split(1, 10240, 8192)[:3] == (1, 8, 48) and split(1, 9642, 1024)[2] == 0
+    # Ties in warps go to balanced k-warps before more groups: 5760 x 2880 at M = 4 (12 steps), 4 k-warps of one
+    # group (1.43-1.52 x the read) rather than 8 of two (1.61-1.73).
+    assert split(4, 5760, 2880) == (1, 4, 0, 2, 1)
+    # ... and to more groups when both are balanced: two groups at 16 tokens on large W (28672 x 4096: 1.95-2.28
+    # at M = 12-16 against 2.44-2.90 for one group of 1 k-warp).
+    assert split(16, 28672, 4096)[:2] == (2, 2) and split(1, 28672, 4096)[:2] == (2, 4)
+    # More than 4 tokens a CTA: k-warps 3/4 busy as well (642 x 1024 at M = 8: 8 k-warps, not 16).
+    assert split(8, 642, 1024)[:2] == (1, 8)
 
 
 def test_small_weights_split_9_to_16_tokens_over_two_ctas():

@@ -30,7 +30,7 @@ H200_SMS = 132
 # from the registers a config takes (ptxas for sm_90a, allocated in steps of 8; tests/test_linear_kernel.py checks
 # the table). A split may also run with its registers capped (CAPS), which lets more warps stay resident at the
 # price of a spill or two: it is taken only where that is what fits the split in one wave. On ties: uncapped first,
-# then more groups (x is reused across more rows).
+# then balanced k-warps (choose_split), then more groups (x is reused across more rows).
 SPLITS = ((2, 1), (1, 1), (1, 2), (2, 2), (2, 4), (1, 4), (2, 8), (1, 8), (1, 16))
 REGISTERS = {(1, 1): 64, (2, 1): 72, (1, 2): 80, (2, 2): 128}  # (groups, token_tiles) -> registers a thread
 CAPS = {(1, 1): 48}  # (groups, token_tiles) -> a register cap ptxas meets with one spilled pair in the loop
@@ -46,8 +46,8 @@ def resident_warps(groups: int, k_warps: int, token_tiles: int, cap: int = 0, co
 
 
 def k_steps(k: int) -> int:
-    """128-K steps of a row (at least one: K = 64 is one partial step)."""
-    return max(1, k // STEP_K)
+    """128-K steps of a row, a partial last one counted (it costs a warp a load round trip like a whole one)."""
+    return -(-k // STEP_K)
 
 
 def grid_warps(n: int, groups: int, k_warps: int) -> int:
@@ -64,10 +64,33 @@ def candidates(token_tiles: int, columns: str = ""):
             yield groups, k_warps, cap
 
 
-def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = "") -> tuple[int, int, int]:
-    """(groups, k_warps, register cap) for N rows of K: the most warps that fit one resident wave, with the k-warps
-    at least 3/4 busy (K's steps over k_warps x the most steps a k-warp takes); where none fits (very large N), the
-    fewest waves."""
+# Which splits are candidates (choose_split). k-warps are worth adding while they shorten the chain of load round
+# trips each warp waits out in turn (its K steps, a partial last one counted): k_warps is a candidate only where half
+# as many would take more steps a warp. With more than 4 tokens a CTA, whose partial sums the k-warps add through
+# shared memory, they must also be 3/4 busy (K's steps over k_warps x the steps of the busiest). A register cap (CAPS)
+# is a candidate only where each k-warp has CAP_MIN_STEPS steps: it buys resident warps to hide a long chain, and with
+# one or two steps a warp there is none. On a tie in warps, a split whose k-warps are BALANCED (K's steps at least
+# that fraction of k_warps x the busiest's) goes first. The rule this replaced (k-warps 3/4 busy at every M, a
+# partial last step not counted, a cap wherever it fitted a wave, ties to more groups, a cluster wherever it shortened
+# the chain) was graph-timed against this one on the H200 at every (shape, M, format) where the two differ
+# (docs/linear_h200_split_rule_check.csv; BENCHMARKS.md, "The linear's split on shapes no file named"): on 20 random
+# shapes drawn after the rules were fixed, 46 of 240 points differ, 0.88 of the old time on geomean (33 faster by over
+# 3 %, 6 slower, worst 1.20 x: 9910 x 896 MXFP4 at M = 8); 889 x 3008 at M = 1 went from 2.04 x the read to 1.56 and
+# 856 x 1472 from 1.94 to 1.40 (16 k-warps, or two K parts of 8, instead of 4 k-warps in a cluster).
+CAP_MIN_STEPS = 4
+BALANCED = 0.8
+
+
+def chain(steps: int, k_warps: int) -> int:
+    """K steps the busiest of k_warps warps takes, one after another."""
+    return -(-steps // k_warps)
+
+
+def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = "",
+                 few_tokens: bool = True) -> tuple[int, int, int]:
+    """(groups, k_warps, register cap) for N rows of K: the most warps that fit one resident wave among the candidates
+    above (`few_tokens`: at most 4 tokens a CTA); on ties uncapped, then balanced, then more groups; where none fits
+    (very large N), the fewest waves."""
     steps = k_steps(k)
     best, best_key = None, None
     fewest, fewest_waves = None, None
@@ -78,16 +101,27 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = 
         warps = grid_warps(n, groups, k_warps)
         if cap == 0 and (fewest_waves is None or warps / wave < fewest_waves):
             fewest, fewest_waves = (groups, k_warps, cap), warps / wave
-        if 4 * steps < 3 * k_warps * -(-steps // k_warps):
+        if k_warps > 1 and chain(steps, k_warps) >= chain(steps, k_warps // 2):
             continue
-        key = (warps, cap == 0, groups)
+        if not few_tokens and 4 * steps < 3 * k_warps * chain(steps, k_warps):
+            continue
+        if cap and steps < CAP_MIN_STEPS * k_warps:
+            continue
+        key = (warps, cap == 0, steps >= BALANCED * k_warps * chain(steps, k_warps), groups)
         if warps <= wave and (best_key is None or key > best_key):
             best, best_key = (groups, k_warps, cap), key
     return best if best is not None else fewest
 
 
+# A cluster only where choose_split's k-warps have at least this many K steps each on the mean: where one k-warp in
+# many has a second step, halving the chain did not pay for the cluster's barrier and sum (170 x 4160 at M = 1-12,
+# 17 steps on 16 k-warps: 10-20 % slower in clusters of 2), and where most have two it did (256 x 7168, 28 steps:
+# 5 % faster; docs/linear_h200_split_rule_check.csv).
+K_SPLIT_MIN_STEPS = 1.5
+
+
 def k_splits_for(n: int, k: int, sms: int, token_tiles: int, groups: int, k_warps: int, cap: int,
-                 columns: str = "") -> int:
+                 columns: str = "", min_chain: float = K_SPLIT_MIN_STEPS) -> int:
     """CTAs of a cluster that share K for one row tile, on top of choose_split's split: the cluster size (2, 4 or 8)
     that gives each warp the fewest K steps while the grid still fills at most half a resident wave (so only where
     choose_split's grid fills a quarter of one or less: few rows, N up to about a thousand); the smaller size on
@@ -95,10 +129,11 @@ def k_splits_for(n: int, k: int, sms: int, token_tiles: int, groups: int, k_warp
     sum through distributed shared memory. Graph-timed on the H200 (docs/linear_sweep_h200_k_splits.csv;
     BENCHMARKS.md, "Few rows: K split over a cluster"): 128 x 16384 at M = 1 2.15 x the read with 8 CTAs a cluster,
     against 4.84 unsplit; 512 x 14336 2.28 with 4, against 3.32 unsplit and 3.05 with 8 (a whole wave); clusters that
-    filled more than half a wave lost on 2880 x 2880 (1.87 against 1.73)."""
-    if cap:
-        return 1
+    filled more than half a wave lost on 2880 x 2880 (1.87 against 1.73). Only where K's steps are at least
+    `min_chain` a k-warp on the mean (K_SPLIT_MIN_STEPS)."""
     steps = k_steps(k)
+    if cap or steps < min_chain * k_warps:
+        return 1
     wave = resident_warps(groups, k_warps, token_tiles, 0, columns) * sms
     warps = grid_warps(n, groups, k_warps)
     best, best_steps = 1, -(-steps // k_warps)
@@ -166,7 +201,8 @@ def _split(m: int, n: int, k: int, sms: int, parts: int, token_tiles: int, colum
     twice the rows of half the steps."""
     rows = n * -(-min(m, 16) // ((2 if columns else 8 // parts) * token_tiles)) * parts
     k_row = k // parts
-    groups, k_warps, cap = choose_split(rows, k_row, sms, token_tiles, columns)
+    few_tokens = bool(columns) or parts == 2 or m <= K_PARTS_MAX_TOKENS  # at most 4 tokens a CTA
+    groups, k_warps, cap = choose_split(rows, k_row, sms, token_tiles, columns, few_tokens)
     return rows, k_row, groups, k_warps, cap, k_splits_for(rows, k_row, sms, token_tiles, groups, k_warps, cap,
                                                            columns)
 
@@ -183,10 +219,11 @@ def k_parts_for(m: int, n: int, k: int, sms: int) -> int:
         return 1
     if K_PARTS_ALWAYS_TOKENS <= m <= K_PARTS_MAX_TOKENS:
         return 2
-    rows, _, groups, k_warps, cap, splits = _split(m, n, k, sms, 1, token_tiles_for(m, n, k))
+    tiles = token_tiles_for(m, n, k)
+    rows, k_row, groups, k_warps, cap, splits = _split(m, n, k, sms, 1, tiles)
     ctas = -(-rows // (16 * groups)) * splits
-    if m > K_PARTS_MAX_TOKENS:
-        return 2 if splits > 1 else 1
+    if m > K_PARTS_MAX_TOKENS:  # rows so few that a cluster would shorten the chain at all (min_chain 1, as measured)
+        return 2 if k_splits_for(rows, k_row, sms, tiles, groups, k_warps, cap, min_chain=1) > 1 else 1
     thin = 2 * ctas * k_warps < resident_warps(groups, k_warps, 1, cap) * sms
     return 2 if thin or last_wave_fill(ctas / sms) < K_PARTS_MIN_BALANCE else 1  # CTAs per SM, as rounds
 
