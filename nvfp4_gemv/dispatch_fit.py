@@ -45,6 +45,8 @@ def _many_rows(m: int, l: int) -> bool:  # noqa: E741
 
 def load(files=WAVE_SWEEPS, docs: Path = DOCS) -> dict:
     """{(M, K, L): {config: x_read}} from the sweeps: the median µs over the median read, per (shape, config)."""
+    if not docs.is_dir():
+        raise FileNotFoundError(f"{docs}: the committed sweeps are read from a checkout of the repository (docs/)")
     us, read = defaultdict(list), defaultdict(list)
     for name in files:
         with open(docs / name, newline="") as f:
