@@ -87,10 +87,12 @@ def chain(steps: int, k_warps: int) -> int:
 
 
 def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = "",
-                 few_tokens: bool = True) -> tuple[int, int, int]:
+                 few_tokens: bool | None = None) -> tuple[int, int, int]:
     """(groups, k_warps, register cap) for N rows of K: the most warps that fit one resident wave among the candidates
-    above (`few_tokens`: at most 4 tokens a CTA); on ties uncapped, then balanced, then more groups; where none fits
-    (very large N), the fewest waves."""
+    above (`few_tokens`: at most 4 tokens a CTA; by default, one token tile); on ties uncapped, then balanced, then
+    more groups; where none fits (very large N), the fewest waves."""
+    if few_tokens is None:
+        few_tokens = token_tiles == 1
     steps = k_steps(k)
     best, best_key = None, None
     fewest, fewest_waves = None, None
@@ -210,7 +212,8 @@ def _split(m: int, n: int, k: int, sms: int, parts: int, token_tiles: int, colum
 def k_parts_for(m: int, n: int, k: int, sms: int) -> int:
     """1 or 2 K parts a row for M tokens (see K_PARTS_MAX_TOKENS): two at 3-4 tokens; at 1-2 where one part's
     grid (choose_split's split, k_splits_for's cluster) fills under half a resident wave or leaves the SMs' last
-    round of CTAs under K_PARTS_MIN_BALANCE full; at 5-16 where one part takes a cluster; never past 16 tokens,
+    round of CTAs under K_PARTS_MIN_BALANCE full; at 5-16 where a cluster would shorten one part's chain at all
+    (k_splits_for with min_chain 1: the test the measurement below was made with); never past 16 tokens,
     nor where the two-part split is CTAs of one group and fewer than 4 warps."""
     if m > 16:
         return 1
