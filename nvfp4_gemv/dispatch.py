@@ -116,7 +116,7 @@ def last_wave_fill(n: float) -> float:
 # - under_one_wave: log(n) where the grid is under one wave;
 # - partial_step: 1 where K leaves a last CTA step that not every lane has a piece of; partial_step_fill: how full
 #   that step is (the kernel's tail after its unrolled loop, one more load round trip);
-# - busy_warps: log of the warps with K to read that the first wave holds, a SM.
+# - busy_warps: log of the warps with K to read that the first wave holds, an SM.
 # Five-fold cross-validation over the shapes (five shuffles): the configs it picks read at 1.134 x the read on
 # geomean, against 1.151 for the rule it replaced and 1.122 for the best config of each shape as measured. Checked
 # after the fit on 56 shapes no sweep had measured (WAVE_CHECK in dispatch_fit: 1.145 against 1.158 for the old
@@ -141,10 +141,11 @@ def wave_features(slabs: int, k: int, sms: int, sf_kind: str, config: tuple[int,
             rest / (lanes * w), math.log(min(ctas, wave_ctas) * busy / sms))
 
 
-def wave_score(slabs: int, k: int, sms: int, sf_kind: str, config: tuple[int, int, int]) -> float:
-    """The many-rows model's score of `config` (lower is faster)."""
+def wave_score(slabs: int, k: int, sms: int, sf_kind: str, config: tuple[int, int, int],
+               constants: dict = WAVE_CONSTANTS, weights: tuple = WAVE_WEIGHTS) -> float:
+    """The many-rows model's score of `config` (lower is faster); `constants` and `weights` for a refit's numbers."""
     feats = wave_features(slabs, k, sms, sf_kind, config)
-    return WAVE_CONSTANTS[config] + sum(w * f for w, f in zip(WAVE_WEIGHTS, feats))
+    return constants[config] + sum(w * f for w, f in zip(weights, feats))
 
 
 def wave_config(slabs: int, k: int, sms: int, sf_kind: str) -> tuple[int, int, int]:

@@ -95,12 +95,8 @@ def pick(mkl, constants: dict, weights) -> tuple[int, int, int]:
     """The config the model with these numbers takes for (M, K, L) on the sweeps' GPU."""
     m, k, l = mkl  # noqa: E741
     slabs = -(-m // 128) * l
-
-    def score(cfg):
-        feats = dispatch.wave_features(slabs, k, SMS, SF_KIND, cfg)
-        return constants[cfg] + sum(w * f for w, f in zip(weights, feats))
-
-    return min(dispatch.WAVE_CONFIGS, key=score)
+    return min(dispatch.WAVE_CONFIGS,
+               key=lambda cfg: dispatch.wave_score(slabs, k, SMS, SF_KIND, cfg, constants, weights))
 
 
 def geomean(values) -> float:
