@@ -97,11 +97,6 @@ def ctas_per_sm(registers: int, warps: int) -> int:
     return min(REGISTER_FILE // (registers * 32 * warps), MAX_CTAS_PER_SM, MAX_WARPS_PER_SM // warps)
 
 
-def waves(slabs: int, warps: int, r_lanes: int, registers: int, sms: int) -> float:
-    """Resident waves of the grid of `slabs` 128-row slabs (times L) in CTAs of `warps` warps and r_lanes rows."""
-    return slabs * (32 // r_lanes) / (sms * ctas_per_sm(registers, warps))
-
-
 def last_wave_fill(n: float) -> float:
     """How full the last of `n` resident waves is (1.0 where n is a whole number of waves)."""
     return n / math.ceil(n)
@@ -131,9 +126,9 @@ def wave_features(slabs: int, k: int, sms: int, sf_kind: str, config: tuple[int,
     slabs (times L) of K on `sms` SMs."""
     w, r, u = config
     regs = WAVE_REGISTERS[sf_kind][config]
-    n = waves(slabs, w, r, regs, sms)
     ctas = slabs * (32 // r)
     wave_ctas = sms * ctas_per_sm(regs, w)
+    n = ctas / wave_ctas  # resident waves of the grid
     pieces, lanes = k // 32, 32 // r  # K pieces of a row, and the lanes of a warp that take one each a step
     rest = pieces % (lanes * w)
     busy = min(w, -(-pieces // lanes))
@@ -153,12 +148,16 @@ def wave_config(slabs: int, k: int, sms: int, sf_kind: str) -> tuple[int, int, i
     return min(WAVE_CONFIGS, key=lambda c: wave_score(slabs, k, sms, sf_kind, c))
 
 
+def many_rows(m: int, l: int, sms: int) -> bool:  # noqa: E741
+    """Whether (M, L) takes the many-rows model: CTAs of 8 rows and 8 warps (r_lanes = 2) reach WARPS_PER_SM."""
+    return -(-m // 128) * l * (128 // 8) * 8 >= WARPS_PER_SM * sms
+
+
 def simt_config_for(m: int, k: int, l: int, sf_kind: str = "permuted", sms: int = H200_SMS):  # noqa: E741
     """The CUDA-core kernel's config for (M, K, L) on a GPU with `sms` SMs (see the model above)."""
-    target = WARPS_PER_SM * sms
     slabs = -(-m // 128) * l
     ctas = slabs * (128 // 8)  # r_lanes = 2: 16 CTAs a slab
-    if ctas * 8 >= target:
+    if many_rows(m, l, sms):
         w, r, u = wave_config(slabs, k, sms, sf_kind)
         return gemv_simt.GemvSimtConfig(sf_kind=sf_kind, warps=w, r_lanes=r, unroll=u)
     steps = k // 512  # 16 lanes x 32 elements a warp step

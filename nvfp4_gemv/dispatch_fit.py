@@ -39,10 +39,6 @@ SMS = dispatch.H200_SMS
 SF_KIND = "permuted"  # the contest's scales, which every sweep above used
 
 
-def _many_rows(m: int, l: int) -> bool:  # noqa: E741
-    return -(-m // 128) * l * 16 * 8 >= dispatch.WARPS_PER_SM * SMS
-
-
 def load(files=WAVE_SWEEPS, docs: Path = DOCS) -> dict:
     """{(M, K, L): {config: x_read}} from the sweeps: the median µs over the median read, per (shape, config)."""
     if not docs.is_dir():
@@ -57,7 +53,7 @@ def load(files=WAVE_SWEEPS, docs: Path = DOCS) -> dict:
                     continue
                 cfg = (int(row["warps"]), int(row["r_lanes"]), int(row["unroll"]))
                 mkl = (int(row["m"]), int(row["k"]), int(row["l"]))
-                if cfg in dispatch.WAVE_CONFIGS and _many_rows(mkl[0], mkl[2]):
+                if cfg in dispatch.WAVE_CONFIGS and dispatch.many_rows(mkl[0], mkl[2], SMS):
                     us[mkl, cfg].append(float(row["contest_us"]))
                     read[mkl, cfg].append(float(row["read_contest_us"]))
     data: dict = defaultdict(dict)

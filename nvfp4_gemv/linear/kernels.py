@@ -138,9 +138,9 @@ def k_splits_for(n: int, k: int, sms: int, token_tiles: int, groups: int, k_warp
         return 1
     wave = resident_warps(groups, k_warps, token_tiles, 0, columns) * sms
     warps = grid_warps(n, groups, k_warps)
-    best, best_steps = 1, -(-steps // k_warps)
+    best, best_steps = 1, chain(steps, k_warps)
     for s in (2, 4, 8):
-        per_warp = -(-steps // (k_warps * s))
+        per_warp = chain(steps, k_warps * s)
         if 2 * warps * s <= wave and per_warp < best_steps:
             best, best_steps = s, per_warp
     return best
