@@ -123,6 +123,15 @@ def test_split_rules_measured_on_shapes_no_file_named():
     assert split(16, 28672, 4096)[:2] == (2, 2) and split(1, 28672, 4096)[:2] == (2, 4)
     # More than 4 tokens a CTA: k-warps 3/4 busy as well (642 x 1024 at M = 8: 8 k-warps, not 16).
     assert split(8, 642, 1024)[:2] == (1, 8)
+    # 16 tokens a CTA: two groups with as short a chain, of at least TWO_GROUPS_MIN_CHAIN steps, in CTAs of at most
+    # 4 k-warps filling 0.6 of a wave (docs/linear_sweep_h200_t2_groups.csv, docs/linear_h200_t2_groups_check.csv):
+    # 11538 x 7936 (16 steps a k-warp) 2.21 x the read against 2.68 for one group; 24323 x 13952 2.10 against 2.76.
+    # Not under half a wave (4042 x 14720: 2.56 against 2.32), nor at 8 steps (5989 x 7680: 2.52 against 2.34), nor
+    # in CTAs of 8 k-warps (6082 x 11840 at 10 tokens: 18 % slower with two groups).
+    for m in (12, 16):
+        assert split(m, 11538, 7936)[:2] == (2, 4) and split(m, 24323, 13952)[:2] == (2, 2)
+        assert split(m, 4042, 14720)[:2] == (1, 8) and split(m, 5989, 7680)[:2] == (1, 8)
+        assert split(m, 6082, 11840)[:2] == (1, 8)
 
 
 def test_small_weights_split_9_to_16_tokens_over_two_ctas():

@@ -79,6 +79,23 @@ def candidates(token_tiles: int, columns: str = ""):
 # 856 x 1472 from 1.94 to 1.40 (16 k-warps, or two K parts of 8, instead of 4 k-warps in a cluster).
 CAP_MIN_STEPS = 4
 BALANCED = 0.8
+# At 16 tokens a CTA (two token tiles) x is 32 registers and every warp loads all of it for its rows each step, so
+# two row groups a warp (x shared by 32 rows) beat one group where the chain is long, even with half the warps: the
+# two-group split (the same rule among two-group splits) replaces a one-group one where it takes no more steps a
+# k-warp, at least TWO_GROUPS_MIN_CHAIN of them, and its grid fills at least TWO_GROUPS_MIN_FILL of a resident wave.
+# Graph-timed on the H200 at M = 16, NVFP4, every candidate split of 52 random shapes
+# (docs/linear_sweep_h200_t2_groups.csv, docs/linear_sweep_h200_random_splits.csv): with the same chain, two groups
+# won 2-24 % from 16 steps a k-warp and half a wave up (24323 x 13952: 2.76 -> 2.10 x the read; 11538 x 7936: 2.68
+# -> 2.21) and lost 1-10 % under half a wave (4042 x 14720: 2.32 -> 2.56) or at 8 steps or fewer (5989 x 7680: 2.34
+# -> 2.52). Then against the rule without it on 24 shapes drawn after, at M = 12 and 16, both formats
+# (docs/linear_h200_t2_groups_check.csv): with a cut at half a wave, 0.87-0.98 of the time on geomean per (M,
+# format), but 3-12 % slower at M = 12 where two groups filled 0.52-0.59 of a wave; the cut is 0.6. A second check
+# (20 more shapes, M = 10, 14, 16; docs/linear_h200_t2_groups_check.csv) put CTAs of 8 k-warps two groups each 10-18 %
+# slower at 10 tokens and up to 9 % with fp16 x on MXFP4 at 16 (5779 x 15872, 6082 x 11840), so the rule takes
+# CTAs of at most TWO_GROUPS_MAX_K_WARPS.
+TWO_GROUPS_MIN_CHAIN = 12
+TWO_GROUPS_MIN_FILL = 0.6
+TWO_GROUPS_MAX_K_WARPS = 4
 
 
 def chain(steps: int, k_warps: int) -> int:
@@ -90,12 +107,14 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = 
                  few_tokens: bool | None = None) -> tuple[int, int, int]:
     """(groups, k_warps, register cap) for N rows of K: the most warps that fit one resident wave among the candidates
     above (`few_tokens`: at most 4 tokens a CTA; by default, one token tile); on ties uncapped, then balanced, then
-    more groups; where none fits (very large N), the fewest waves."""
+    more groups; where none fits (very large N), the fewest waves. With two token tiles, two groups where the
+    TWO_GROUPS_* test above takes them over one."""
     if few_tokens is None:
         few_tokens = token_tiles == 1
     steps = k_steps(k)
     best, best_key = None, None
     fewest, fewest_waves = None, None
+    two_groups, two_key, two_fill = None, None, 0.0  # the best two-group split of at most 4 k-warps
     for groups, k_warps, cap in candidates(token_tiles, columns):
         wave = resident_warps(groups, k_warps, token_tiles, cap, columns) * sms
         if wave == 0:
@@ -112,6 +131,12 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = 
         key = (warps, cap == 0, steps >= BALANCED * k_warps * chain(steps, k_warps), groups)
         if warps <= wave and (best_key is None or key > best_key):
             best, best_key = (groups, k_warps, cap), key
+        if groups == 2 and k_warps <= TWO_GROUPS_MAX_K_WARPS and warps <= wave and (two_key is None or key > two_key):
+            two_groups, two_key, two_fill = (groups, k_warps, cap), key, warps / wave
+    if (token_tiles == 2 and best is not None and best[0] == 1 and two_groups is not None
+            and TWO_GROUPS_MIN_CHAIN <= chain(steps, two_groups[1]) <= chain(steps, best[1])
+            and two_fill >= TWO_GROUPS_MIN_FILL):
+        return two_groups
     return best if best is not None else fewest
 
 
