@@ -92,7 +92,9 @@ BALANCED = 0.8
 # format), but 3-12 % slower at M = 12 where two groups filled 0.52-0.59 of a wave; the cut is 0.6. A second check
 # (20 more shapes, M = 10, 14, 16; docs/linear_h200_t2_groups_check.csv) put CTAs of 8 k-warps two groups each 10-18 %
 # slower at 10 tokens and up to 9 % with fp16 x on MXFP4 at 16 (5779 x 15872, 6082 x 11840), so the rule takes
-# CTAs of at most TWO_GROUPS_MAX_K_WARPS.
+# CTAs of at most TWO_GROUPS_MAX_K_WARPS. This rule, on 20 more shapes drawn after it was fixed and 10240 x 8192 (M =
+# 9, 11, 13, 16 with bf16 x, 12 with fp16; same file, seed 7777): 0.918 of the time without it over 210 points, 148
+# faster by over 3 %, 11 slower by over 3 % (worst 1.14: 10343 x 8960 MXFP4 at 9 tokens, where it gains least).
 TWO_GROUPS_MIN_CHAIN = 12
 TWO_GROUPS_MIN_FILL = 0.6
 TWO_GROUPS_MAX_K_WARPS = 4
