@@ -114,9 +114,8 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = 
     if few_tokens is None:
         few_tokens = token_tiles == 1
     steps = k_steps(k)
-    best, best_key = None, None
+    fits = []  # (key, split, fill of one wave) of the candidates whose grid fits one resident wave
     fewest, fewest_waves = None, None
-    two_groups, two_key, two_fill = None, None, 0.0  # the best two-group split of at most 4 k-warps
     for groups, k_warps, cap in candidates(token_tiles, columns):
         wave = resident_warps(groups, k_warps, token_tiles, cap, columns) * sms
         if wave == 0:
@@ -130,16 +129,18 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = 
             continue
         if cap and steps < CAP_MIN_STEPS * k_warps:
             continue
-        key = (warps, cap == 0, steps >= BALANCED * k_warps * chain(steps, k_warps), groups)
-        if warps <= wave and (best_key is None or key > best_key):
-            best, best_key = (groups, k_warps, cap), key
-        if groups == 2 and k_warps <= TWO_GROUPS_MAX_K_WARPS and warps <= wave and (two_key is None or key > two_key):
-            two_groups, two_key, two_fill = (groups, k_warps, cap), key, warps / wave
-    if (token_tiles == 2 and best is not None and best[0] == 1 and two_groups is not None
-            and TWO_GROUPS_MIN_CHAIN <= chain(steps, two_groups[1]) <= chain(steps, best[1])
-            and two_fill >= TWO_GROUPS_MIN_FILL):
-        return two_groups
-    return best if best is not None else fewest
+        if warps <= wave:
+            key = (warps, cap == 0, steps >= BALANCED * k_warps * chain(steps, k_warps), groups)
+            fits.append((key, (groups, k_warps, cap), warps / wave))
+    if not fits:
+        return fewest
+    _, best, _ = max(fits, key=lambda f: f[0])  # the first of the best keys, in candidates' order
+    two = [f for f in fits if f[1][0] == 2 and f[1][1] <= TWO_GROUPS_MAX_K_WARPS]
+    if token_tiles == 2 and best[0] == 1 and two:
+        _, split, fill = max(two, key=lambda f: f[0])
+        if TWO_GROUPS_MIN_CHAIN <= chain(steps, split[1]) <= chain(steps, best[1]) and fill >= TWO_GROUPS_MIN_FILL:
+            return split
+    return best
 
 
 # A cluster only where choose_split's k-warps have at least this many K steps each on the mean: where one k-warp in
