@@ -78,6 +78,7 @@ class LinearW4A16Config:
     k_parts: int = 1  # 2: each weight row on two MMA rows, two 128-K halves of a 256-K step; 4 tokens a tile
     acc_sets: int = 1  # 2: a step's MMAs alternate between two accumulator sets (two chains of 4, not one of 8)
     block_columns: bool = False  # LinearW4A16Columns: x prepared as f16, block scales after the MMA, 2 tokens a CTA
+    x_fragments: bool = False  # x prepared in fragment order (x_fragment_layout): a warp's x load 512 contiguous bytes
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -444,9 +445,16 @@ class LinearW4A16:
         cfg = self.cfg
         m, k = mX.shape
         n = mY.shape[1]
-        x_words = cute.make_tensor(
-            cute.recast_ptr(mX.iterator, dtype=Uint32), cute.make_layout((m, k // 2), stride=(mX.stride[0] // 2, 1))
-        )
+        if const_expr(cfg.x_fragments):
+            gm = (m + 7) // 8
+            x_words = cute.make_tensor(
+                cute.recast_ptr(mX.iterator, dtype=Uint32),
+                cute.make_layout(((k + STEP_K - 1) // STEP_K, gm, 4, 8, 16), stride=(gm * 512, 512, 128, 16, 1)),
+            )
+        else:
+            x_words = cute.make_tensor(
+                cute.recast_ptr(mX.iterator, dtype=Uint32), cute.make_layout((m, k // 2), stride=(mX.stride[0] // 2, 1))
+            )
         w_words, sf = weight_views(mW, mSF, cfg.fmt, cfg.sf_kind, n, k)
         return x_words, w_words, sf, m, n, k
 
@@ -498,13 +506,13 @@ class LinearW4A16:
         if live:
             wq = s * (STEP_K // 8) + 4 * c  # first W word of this thread
             xq = s * (STEP_K // 2) + 16 * c  # first x word
+            x_rows = [self.x_row(x_words, s, toks[t]) for t in range(cfg.token_tiles)]
             # (source, destination, atom) of every 16-byte chunk: W per (group, half), then x per (tile, 16 bytes).
             chunks = [
                 (cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)), rW[None, h, g], True)
                 for g in range(cfg.groups) for h in range(2)
             ] + [
-                (cute.local_tile(x_words[toks[t], None], (4,), (xq // 4 + v,)),
-                 cute.local_tile(rX[None, t], (4,), (v,)), False)
+                (self.x_chunk(x_rows[t], c, xq, v), cute.local_tile(rX[None, t], (4,), (v,)), False)
                 for t in range(cfg.token_tiles) for v in range(4)
             ]
             atom_w = load_atom(Uint32, 128, l1_no_allocate=True)
@@ -518,6 +526,19 @@ class LinearW4A16:
             for g in cutlass.range_constexpr(cfg.groups):
                 for h in cutlass.range_constexpr(2):
                     rS[h, g] = Uint32(0x3838)  # any finite scale: the codes are zero
+
+    def x_row(self, x_words, s, tok):
+        """Token `tok`'s x words of step s: its row of x, or, with x in fragment order, its (4 chunks, 4 lanes x 4
+        words) of step s, one 64-bit address a step (the chunks then sit at fixed offsets)."""
+        if const_expr(self.cfg.x_fragments):
+            return x_words[s, tok >> 3, None, tok & 7, None]
+        return x_words[tok, None]
+
+    def x_chunk(self, x_row, c, xq, v):
+        """This lane's 16-byte chunk v of a token's x_row: words xq + 4v.., or in fragment order chunk (v, c)."""
+        if const_expr(self.cfg.x_fragments):
+            return cute.local_tile(x_row[v, None], (4,), (c,))
+        return cute.local_tile(x_row, (4,), (xq // 4 + v,))
 
     @cute.jit
     def compute_step(self, regs, accs):
@@ -533,9 +554,9 @@ class LinearW4A16:
             tile = []
             for w in cutlass.range_constexpr(4):
                 u = [rX[4 * w + e, t] for e in range(4)]
-                bs = []
-                for a, b in pairs:
-                    bs.append(prmt(u[a // 2], u[b // 2], x_pair_selector(a, b)))
+                bs = u  # x in fragment order comes paired
+                if const_expr(not cfg.x_fragments):
+                    bs = [prmt(u[a // 2], u[b // 2], x_pair_selector(a, b)) for a, b in pairs]
                 for jj in cutlass.range_constexpr(2):
                     b0, b1 = bs[2 * jj], bs[2 * jj + 1]
                     if const_expr(cfg.split_x):
