@@ -47,7 +47,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cute_kernels.compile import REGISTER_FILE, SmemAllocator, cap_registers, load_atom
 from cute_kernels.decode import e4m3x2_to_f16x2
-from cute_kernels.ptx import asm_u32, cluster_sync, inline_ptx, ld_shared_cluster_f32
+from cute_kernels.ptx import asm_u32, cluster_sync, inline_ptx, ld_shared_cluster_f32, prefetch_l2
 from layouts.constants import SF_VEC
 from layouts.sf_cute import sf_layout_by_col
 
@@ -78,7 +78,7 @@ class LinearW4A16Config:
     k_parts: int = 1  # 2: each weight row on two MMA rows, two 128-K halves of a 256-K step; 4 tokens a tile
     acc_sets: int = 1  # 2: a step's MMAs alternate between two accumulator sets (two chains of 4, not one of 8)
     block_columns: bool = False  # LinearW4A16Columns: x prepared as f16, block scales after the MMA, 2 tokens a CTA
-    x_fragments: bool = False  # x prepared in fragment order (x_fragment_layout): a warp's x load 512 contiguous bytes
+    x_fragments: bool = False  # LinearW4A16Fragments: x prepared in fragment order, a warp's x load 512 contiguous bytes
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -104,6 +104,8 @@ class LinearW4A16Config:
         if self.block_columns and (self.k_parts, self.token_tiles, self.acc_sets, self.m_major) != (1, 1, 1, False):
             raise ValueError(f"block_columns takes one K part, one token tile, one accumulator set and no m_major, "
                              f"got {self}")
+        if self.block_columns and self.x_fragments:
+            raise ValueError("block_columns prepares x its own way; x_fragments is for the default kernel")
         if self.m_major and self.k_splits > 1:
             raise ValueError(f"m_major takes no cluster (k_splits = 1), got {self}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
@@ -445,16 +447,9 @@ class LinearW4A16:
         cfg = self.cfg
         m, k = mX.shape
         n = mY.shape[1]
-        if const_expr(cfg.x_fragments):
-            gm = (m + 7) // 8
-            x_words = cute.make_tensor(
-                cute.recast_ptr(mX.iterator, dtype=Uint32),
-                cute.make_layout(((k + STEP_K - 1) // STEP_K, gm, 4, 8, 16), stride=(gm * 512, 512, 128, 16, 1)),
-            )
-        else:
-            x_words = cute.make_tensor(
-                cute.recast_ptr(mX.iterator, dtype=Uint32), cute.make_layout((m, k // 2), stride=(mX.stride[0] // 2, 1))
-            )
+        x_words = cute.make_tensor(
+            cute.recast_ptr(mX.iterator, dtype=Uint32), cute.make_layout((m, k // 2), stride=(mX.stride[0] // 2, 1))
+        )
         w_words, sf = weight_views(mW, mSF, cfg.fmt, cfg.sf_kind, n, k)
         return x_words, w_words, sf, m, n, k
 
@@ -541,6 +536,17 @@ class LinearW4A16:
         return cute.local_tile(x_row, (4,), (xq // 4 + v,))
 
     @cute.jit
+    def prefetch_w(self, w_words, sf, s, rows, c):
+        """Step s's W and block scales of this thread's rows toward L2 (`prefetch.global.L2`, no registers held)."""
+        cfg = self.cfg
+        wq = s * (STEP_K // 8) + 4 * c
+        col = s * (STEP_K // SF_VEC) + 2 * c if cfg.fmt == "nvfp4" else s * (STEP_K // MX_VEC) + c
+        for g in cutlass.range_constexpr(cfg.groups):
+            for h in cutlass.range_constexpr(2):
+                prefetch_l2(cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)).iterator.toint())
+                prefetch_l2(sf_address(sf, cfg.fmt, rows[g, h], col))
+
+    @cute.jit
     def compute_step(self, regs, accs):
         """Decode and multiply one loaded step; MMA i of the step adds into accumulator set i % acc_sets."""
         cfg = self.cfg
@@ -604,6 +610,12 @@ class LinearW4A16:
         acc = accs[0]
         n_full = k // cfg.step_k
         my_steps = (n_full - kq + k_lanes - 1) // k_lanes
+        if const_expr(cfg.x_fragments):
+            # x in fragment order comes from this call's x pass (LinearW4A16Fragments), launched just before; W and
+            # the scales of the first step are on their way to L2 meanwhile.
+            if my_steps > 0:
+                self.prefetch_w(w_words, sf, kq * kp + part, rows, c)
+            cute.arch.griddepcontrol_wait()
         # Loads go straight to registers, one step at a time. A second register buffer (loads of the next step
         # in flight), a per-thread cp.async ring of W in shared memory, a producer warp's bulk-copy ring, and L2
         # prefetches a few steps ahead were all slower on the H200: the loop's issue slots and the warps that stay

@@ -631,10 +631,40 @@ def test_block_columns_dispatched_and_in_a_graph(dtype):
 
 
 @pytest.mark.gpu
-def test_block_columns_workspace_per_stream_and_thread():
-    """The block-columns workspace is reused call after call on one stream and thread (no allocation but y), and
-    is never shared: calls queued on two streams at once, and from two threads on one stream, each with its own x,
-    all get their own x's result (the reference, and the same bits as a call made alone)."""
+@pytest.mark.parametrize("fmt,layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("k", [2880 + 64, 4096, 64, 192])
+def test_x_fragments(fmt, layout, dtype, k):
+    """x_fragments (x written once a call in the order of the loop's loads and B registers, then the default
+    kernel's loop on it) against the reference and bit for bit against the same config without it, at 1-40 tokens
+    (tokens past M in the last token group, token tiles, two K parts, a cluster, two groups and accumulator sets, a
+    register cap, row-warps, token tiles first on the grid), with a partial last step and odd N; 20 repeats
+    bit-identical."""
+    n = 203
+    w, scale, plain, gs, bias = _cuda_operands(n, k, fmt, layout, dtype)
+    for m, cfg in [(1, {}), (2, dict(k_parts=2, k_warps=2)), (3, dict(k_parts=2, k_warps=4, k_splits=2)),
+                   (5, dict(k_warps=16, k_splits=2)), (8, dict(groups=2, k_warps=2)), (9, dict(token_tiles=2)),
+                   (13, dict(token_tiles=2, groups=2, k_warps=4, acc_sets=2)), (16, dict(max_registers=48)),
+                   (7, dict(row_warps=2, k_warps=4)), (40, dict(token_tiles=2, m_major=True, k_splits=1))]:
+        x = torch.randn(m, k).to(dtype).cuda()
+        b = bias if m % 2 == 0 else None
+        y = _run(x, w, scale, fmt, layout, gs, b, x_fragments=True, **cfg)
+        _check(y, x, w, plain, fmt, gs, b)
+        base = _run(x, w, scale, fmt, layout, gs, b, x_fragments=False, **cfg)
+        assert torch.equal(y.view(torch.int16), base.view(torch.int16)), (m, cfg)
+    first = _run(x, w, scale, fmt, layout, gs, x_fragments=True)
+    for _ in range(20):
+        assert torch.equal(_run(x, w, scale, fmt, layout, gs, x_fragments=True).view(torch.int16),
+                           first.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("prepared,tokens", [("block_columns", (1, 2, 1, 2)), ("x_fragments", (3, 12, 1, 16))])
+def test_prepared_x_workspace_per_stream_and_thread(prepared, tokens):
+    """The workspace of the two-kernel paths (x prepared by a first kernel) is reused call after call on one stream
+    and thread (no allocation but y), and is never shared: calls queued on four streams at once, and from four
+    threads on one stream, each with its own x, all get their own x's result (the reference, and the same bits as a
+    call made alone)."""
     import threading
 
     from nvfp4_gemv.linear import fp4_linear
@@ -643,16 +673,17 @@ def test_block_columns_workspace_per_stream_and_thread():
     w, scale, plain = _operands(n, k, "mxfp4", "plain")
     w, scale = w.cuda(), scale.cuda()
     launch = kernels.bind(n, k, w.device, torch.bfloat16, scale.dtype, "mxfp4", "plain", False, False,
-                          block_columns=True)
-    xs = [torch.randn(m, k).mul(4.0**i).to(torch.bfloat16).cuda() for i, m in enumerate((1, 2, 1, 2))]
+                          **{prepared: True})
+    xs = [torch.randn(m, k).mul(4.0**i).to(torch.bfloat16).cuda() for i, m in enumerate(tokens)]
     alone = []
     for x in xs:
         y = torch.empty(x.shape[0], n, dtype=torch.bfloat16, device="cuda")
         launch(y, x, w, scale, None, None)
         _check(y, x, w, plain, "mxfp4")
         alone.append(y)
-    ws = kernels.ColumnsWorkspace(k, w.device)
-    assert ws(1)[0] is ws(1)[0] and ws(2)[0] is not ws(1)[0]
+    ws = kernels.Workspace(k, w.device)
+    kind = "columns" if prepared == "block_columns" else "fragments"
+    assert ws(kind, 1)[0] is ws(kind, 1)[0] and ws(kind, 2)[0] is not ws(kind, 1)[0]
     streams = [torch.cuda.Stream() for _ in xs]
     outs = [torch.empty_like(y) for y in alone]
     torch.cuda.synchronize()

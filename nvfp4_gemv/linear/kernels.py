@@ -14,6 +14,7 @@ import torch
 from cute_kernels.compile import compile_kernel, raw_function
 from cute_kernels.linear_w4a16 import STEP_K, LinearW4A16, LinearW4A16Config
 from cute_kernels.linear_w4a16_columns import LinearW4A16Columns, prepared_words
+from cute_kernels.linear_w4a16_fragments import LinearW4A16Fragments, fragment_words
 from cute_kernels.targets import target
 from cute_kernels.tc_workspace import capability, sm_count
 from nvfp4_gemv.dispatch import MAX_CTAS_PER_SM, REGISTER_FILE, ctas_per_sm, last_wave_fill
@@ -295,6 +296,16 @@ def block_columns_for(m: int, n: int, k: int, fmt: str, sms: int, x_dtype: str =
     return _split(m, n, k, sms, 1, 1, fmt)[2] == 1
 
 
+# x in fragment order (LinearW4A16Fragments: a first kernel writes x once a call in the order of the main loop's
+# loads and B registers). TODO: the rule from the op-level measurement.
+X_FRAGMENTS_MIN_TOKENS = 1
+
+
+def x_fragments_for(m: int, n: int, k: int, fmt: str, x_dtype: str = "bf16") -> bool:
+    """Whether M tokens of N x K take x in fragment order."""
+    return m >= X_FRAGMENTS_MIN_TOKENS
+
+
 def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str, bias: bool, global_scale: bool,
                sms: int = H200_SMS, **override):
     """The kernel config for one call shape: the token tiles from token_tiles_for, the split from choose_split, and
@@ -303,7 +314,11 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     columns = override.get("block_columns")
     if columns is None:  # the rule, unless a sweep or test names other config fields
         columns = set(override) <= {"sf_dtype"} and block_columns_for(m, n, k, fmt, sms, x_dtype)
-    override = {**override, "block_columns": columns}
+    fragments = override.get("x_fragments")
+    if fragments is None:
+        fragments = set(override) <= {"sf_dtype", "block_columns"} and not columns and x_fragments_for(
+            m, n, k, fmt, x_dtype)
+    override = {**override, "block_columns": columns, "x_fragments": fragments}
     parts = 1 if columns else override.get("k_parts") or k_parts_for(m, n, k, sms)
     token_tiles = 1 if columns else override.get("token_tiles") or (1 if parts == 2 else token_tiles_for(m, n, k))
     _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, fmt if columns else "")
@@ -337,44 +352,53 @@ def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_globa
     fields = {"sf_dtype": _SF_DTYPES[scale_dtype], **override}
     cfg = config_for(m, n, k, fmt, scale_layout, _X_DTYPES[x_dtype], has_bias, has_global_scale,
                      sm_count(device.index), **fields)
-    cls = LinearW4A16Columns if cfg.block_columns else LinearW4A16
+    if cfg.block_columns:
+        cls, kind = LinearW4A16Columns, "columns"
+    elif cfg.x_fragments:
+        cls, kind = LinearW4A16Fragments, "fragments"
+    else:
+        cls, kind = LinearW4A16, None
     fn = raw_function(compile_kernel(cls, cfg, target(capability(device)), stream="torch"))
-    return fn, _dummy(device, torch.float32), _dummy(device, x_dtype), cfg.block_columns
+    return fn, _dummy(device, torch.float32), _dummy(device, x_dtype), kind
 
 
-class ColumnsWorkspace:
-    """The workspace of a block-columns call (LinearW4A16Columns): x prepared, (M, prepared_words(K)) uint32, and a
-    factor a token, (M,) fp32, which the call's first kernel writes and its second reads.
+class Workspace:
+    """The x a call's first kernel prepares and its second reads: for block columns (LinearW4A16Columns) x as
+    (M, prepared_words(K)) uint32 and a factor a token, (M,) fp32; for x in fragment order (LinearW4A16Fragments)
+    fragment_words(M, K) uint32.
 
-    Eager calls reuse one pair per (M, stream, thread), so a call allocates nothing but y (two allocations a call
-    were most of this path's host time; BENCHMARKS.md, "Block scales after the MMA"). That is safe because work on
-    one stream runs in order and the first kernel is launched without programmatic dependence, so it starts only
-    once the previous call's second kernel has finished; calls from another stream or thread get their own pair,
-    so no call overwrites x that another has yet to read. Under CUDA-graph capture every call allocates its own pair
-    from the graph's pool: a replay must not share a workspace with eager calls or with other graphs."""
+    Eager calls reuse one set per (kind, M, stream, thread), so a call allocates nothing but y (allocations a call
+    were most of the block-columns path's host time; BENCHMARKS.md, "Block scales after the MMA"). That is safe
+    because work on one stream runs in order and the first kernel is launched without programmatic dependence, so
+    it starts only once the previous call's second kernel has finished; calls from another stream or thread get
+    their own set, so no call overwrites x that another has yet to read. Under CUDA-graph capture every call
+    allocates its own set from the graph's pool: a replay must not share a workspace with eager calls or with
+    other graphs."""
 
-    MAX_ENTRIES = 64  # (M, device, stream, thread) pairs kept; past that the cache starts again (buffers are a few KB)
+    MAX_ENTRIES = 64  # (kind, M, device, stream, thread) sets kept; past that the cache starts again (a few KB each)
 
     def __init__(self, k: int, device):
-        self.words = prepared_words(k)
+        self.k = k
         self.index = torch.device(device).index  # None: the current device at each call, as torch.empty takes it
-        self.pairs: dict = {}
+        self.sets: dict = {}
 
-    def fresh(self, m: int, index: int):
-        return (torch.empty(m, self.words, dtype=torch.uint32, device=index),
-                torch.empty(m, dtype=torch.float32, device=index))
+    def fresh(self, kind: str, m: int, index: int):
+        if kind == "columns":
+            return (torch.empty(m, prepared_words(self.k), dtype=torch.uint32, device=index),
+                    torch.empty(m, dtype=torch.float32, device=index))
+        return (torch.empty(fragment_words(m, self.k), dtype=torch.uint32, device=index),)
 
-    def __call__(self, m: int):
+    def __call__(self, kind: str, m: int):
         index = torch.cuda.current_device() if self.index is None else self.index
         if torch.cuda.is_current_stream_capturing():
-            return self.fresh(m, index)
-        key = (m, index, torch._C._cuda_getCurrentRawStream(index), threading.get_ident())
-        pair = self.pairs.get(key)
-        if pair is None:
-            if len(self.pairs) >= self.MAX_ENTRIES:
-                self.pairs.clear()
-            pair = self.pairs[key] = self.fresh(m, index)
-        return pair
+            return self.fresh(kind, m, index)
+        key = (kind, m, index, torch._C._cuda_getCurrentRawStream(index), threading.get_ident())
+        got = self.sets.get(key)
+        if got is None:
+            if len(self.sets) >= self.MAX_ENTRIES:
+                self.sets.clear()
+            got = self.sets[key] = self.fresh(kind, m, index)
+        return got
 
 
 def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
@@ -385,7 +409,7 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
     prefill.PREFILL_MIN_TOKENS tokens (not with `override`, which names a config of the fp4 kernel) the call goes to
     the dequantize-and-GEMM path instead (nvfp4_gemv/linear/prefill.py)."""
     plans = {}
-    workspace = ColumnsWorkspace(k, device)
+    workspace = Workspace(k, device)
 
     def launch(out2d, x2d, weight_u8, scale, global_scale, bias):
         m = x2d.shape[0]
@@ -403,11 +427,11 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
         if plan is None:
             plan = plans[tokens] = plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout,
                                             has_global_scale, has_bias, **override)
-        fn, gs_dummy, bias_dummy, columns = plan
+        fn, gs_dummy, bias_dummy, prepared = plan
         operands = (x2d, weight_u8, scale, out2d, gs_dummy if global_scale is None else global_scale,
                     bias_dummy if bias is None else bias)
-        if columns:
-            fn(*operands, *workspace(m))
+        if prepared:
+            fn(*operands, *workspace(prepared, m))
         else:
             fn(*operands)
 
@@ -435,6 +459,8 @@ def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layou
     path = "tensor cores (mma.sync m16n8k16)" + (", x as bf16 hi+lo" if cfg.split_x else "")
     if cfg.block_columns:
         path += ", block columns (x prepared as f16 by a first kernel, block scales after the MMA)"
+    if cfg.x_fragments:
+        path += ", x in fragment order (prepared by a first kernel)"
     tiles = -(-m // cfg.tokens_per_cta)
     note = "" if m <= 16 else (f"; M > 16: {tiles} token tiles of {cfg.tokens_per_cta}, W decoded once per tile"
                                + (", token tiles fastest (m_major)" if cfg.m_major else ""))
