@@ -47,7 +47,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cute_kernels.compile import REGISTER_FILE, SmemAllocator, cap_registers, load_atom
 from cute_kernels.decode import e4m3x2_to_f16x2
-from cute_kernels.ptx import asm_u32, cluster_sync, inline_ptx, ld_shared_cluster_f32, prefetch_l2
+from cute_kernels.ptx import asm_u32, cluster_sync, inline_ptx, ld_shared_cluster_f32
 from layouts.constants import SF_VEC
 from layouts.sf_cute import sf_layout_by_col
 
@@ -536,17 +536,6 @@ class LinearW4A16:
         return cute.local_tile(x_row, (4,), (xq // 4 + v,))
 
     @cute.jit
-    def prefetch_w(self, w_words, sf, s, rows, c):
-        """Step s's W and block scales of this thread's rows toward L2 (`prefetch.global.L2`, no registers held)."""
-        cfg = self.cfg
-        wq = s * (STEP_K // 8) + 4 * c
-        col = s * (STEP_K // SF_VEC) + 2 * c if cfg.fmt == "nvfp4" else s * (STEP_K // MX_VEC) + c
-        for g in cutlass.range_constexpr(cfg.groups):
-            for h in cutlass.range_constexpr(2):
-                prefetch_l2(cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)).iterator.toint())
-                prefetch_l2(sf_address(sf, cfg.fmt, rows[g, h], col))
-
-    @cute.jit
     def compute_step(self, regs, accs):
         """Decode and multiply one loaded step; MMA i of the step adds into accumulator set i % acc_sets."""
         cfg = self.cfg
@@ -611,10 +600,9 @@ class LinearW4A16:
         n_full = k // cfg.step_k
         my_steps = (n_full - kq + k_lanes - 1) // k_lanes
         if const_expr(cfg.x_fragments):
-            # x in fragment order comes from this call's x pass (LinearW4A16Fragments), launched just before; W and
-            # the scales of the first step are on their way to L2 meanwhile.
-            if my_steps > 0:
-                self.prefetch_w(w_words, sf, kq * kp + part, rows, c)
+            # x in fragment order comes from this call's x pass (LinearW4A16Fragments), launched just before. An L2
+            # prefetch of the first step's W and scales here made the call 1-2 us slower on the H200, not faster
+            # (BENCHMARKS.md, "x in fragment order").
             cute.arch.griddepcontrol_wait()
         # Loads go straight to registers, one step at a time. A second register buffer (loads of the next step
         # in flight), a per-thread cp.async ring of W in shared memory, a producer warp's bulk-copy ring, and L2

@@ -1,6 +1,6 @@
 """Inline PTX from CuTe DSL code: one helper for every `asm` statement the kernels use."""
 
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Float32, Int32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -74,9 +74,3 @@ def st_relaxed_gpu_b32(ptr, value, *, loc=None, ip=None) -> None:
     inline_ptx(None, operands, "st.relaxed.gpu.global.b32 [$0], $1;", "l,r,~{memory}", side_effects=True, loc=loc,
                ip=ip)
 
-
-@dsl_user_op
-def prefetch_l2(addr, *, loc=None, ip=None) -> None:
-    """`prefetch.global.L2` of the line at byte address `addr` (no register is held for it)."""
-    inline_ptx(None, [Int64(addr).ir_value(loc=loc, ip=ip)], "prefetch.global.L2 [$0];", "l", side_effects=True,
-               loc=loc, ip=ip)

@@ -333,6 +333,24 @@ def test_block_columns_rule():
         kernels.LinearW4A16Config(block_columns=True, k_parts=2)
 
 
+def test_x_fragments_rule():
+    """x_fragments_for: never at 1-2 tokens; from 28 MB of codes at 3-4 tokens, 8 MB at 5-8, 6 MB at 9 and more (the
+    cuts between the measured losses and wins); one answer a token class; not with block columns or a config
+    override."""
+    mb = 1 << 20
+    cases = [(1, 8192, 28672, False), (2, 28672, 4096, False), (3, 4096, 14336, True), (4, 4096, 7168, False),
+             (3, 28 * mb // 4096 * 2 - 2, 4096, False), (5, 4096, 4096, True), (8, 5760, 2880, False),
+             (9, 5760, 2880, True), (16, 2880, 2880, False), (40, 4096, 4096, True), (16, 6 * mb // 1024, 2048, True)]
+    for m, n, k, want in cases:
+        assert kernels.x_fragments_for(m, n, k, "nvfp4") is want, (m, n, k)
+        assert kernels.config_for(m, n, k, "mxfp4", "plain", "bf16", False, False).x_fragments is want, (m, n, k)
+    assert not kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "bf16", False, False).x_fragments  # columns
+    assert not kernels.config_for(8, 8192, 28672, "nvfp4", "plain", "bf16", False, False, k_warps=4).x_fragments
+    assert kernels.config_for(8, 64, 64, "nvfp4", "plain", "bf16", False, False, x_fragments=True).x_fragments
+    with pytest.raises(ValueError, match="x_fragments"):
+        kernels.LinearW4A16Config(block_columns=True, x_fragments=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
@@ -656,6 +674,31 @@ def test_x_fragments(fmt, layout, dtype, k):
     for _ in range(20):
         assert torch.equal(_run(x, w, scale, fmt, layout, gs, x_fragments=True).view(torch.int16),
                            first.view(torch.int16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_x_fragments_dispatched_and_in_a_graph(fmt):
+    """The dispatched path where the rule takes x in fragment order (8 MB of codes, 5-40 tokens) against the
+    reference through fp4_linear, then captured in a CUDA graph (two kernels a call) and replayed with new x: the
+    same bits as eager."""
+    from nvfp4_gemv.linear import fp4_linear
+
+    n, k = 4096, 4096
+    w, scale, plain = _operands(n, k, fmt, "plain")
+    w, scale = w.cuda(), scale.cuda()
+    for m in (5, 16, 40):
+        assert kernels.config_for(m, n, k, fmt, "plain", "bf16", False, False).x_fragments
+        x = torch.randn(m, k).to(torch.bfloat16).cuda()
+        y = fp4_linear(x, w, scale, fmt)
+        _check(y, x, w, plain, fmt)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            yg = fp4_linear(x, w, scale, fmt)
+        x.copy_(torch.randn(m, k).to(torch.bfloat16))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(yg.view(torch.int16), fp4_linear(x, w, scale, fmt).view(torch.int16))
 
 
 @pytest.mark.gpu

@@ -194,7 +194,8 @@ def host_table(n=4096, k=4096, m=1, log=print) -> dict:
     fp4_linear(x, w, sf, "nvfp4", 0.5)
     launch = kernels.bind(n, k, x.device, x.dtype, sf.dtype, "nvfp4", "plain", True, False)
     launch(y, x, w, sf, gs, None)
-    fn, _, bias_dummy, _ = kernels.plan_for(m, n, k, x.device, x.dtype, sf.dtype, "nvfp4", "plain", True, False)
+    fn, _, bias_dummy, _ = kernels.plan_for(m, n, k, x.device, x.dtype, sf.dtype, "nvfp4", "plain", True, False,
+                                            x_fragments=False)
     xs = torch.randn(1, 256, device="cuda").to(torch.bfloat16)
     ws = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
     # MXFP4 on 24 MB of codes takes the block-columns kernel: a workspace and two kernels a call.
@@ -207,10 +208,17 @@ def host_table(n=4096, k=4096, m=1, log=print) -> dict:
     launch_bc = kernels.bind(n, k, x.device, x.dtype, sf_mx.dtype, "mxfp4", "plain", False, False,
                              block_columns=True)
     launch_bc(y, x, w_mx, sf_mx, None, None)
+    # x in fragment order (a first kernel writes x for the main loop) forced, and the default kernel forced.
+    launch_xf = kernels.bind(n, k, x.device, x.dtype, sf.dtype, "nvfp4", "plain", True, False, x_fragments=True)
+    launch_xf(y, x, w, sf, gs, None)
+    launch_one = kernels.bind(n, k, x.device, x.dtype, sf.dtype, "nvfp4", "plain", True, False, x_fragments=False)
+    launch_one(y, x, w, sf, gs, None)
     rows = {
         "fp4_linear (eager op)": lambda d: fp4_linear(x, w, sf, "nvfp4", 0.5),
         f"fp4_linear, MXFP4 {n_bc} x {k_bc} (block columns)": lambda d: fp4_linear(x_bc, w_bc, sf_bc, "mxfp4"),
         "bound launch (size check + plan + launch)": lambda d: launch(y, x, w, sf, gs, None),
+        "bound launch, one kernel (x_fragments off)": lambda d: launch_one(y, x, w, sf, gs, None),
+        "bound launch, x in fragment order forced": lambda d: launch_xf(y, x, w, sf, gs, None),
         f"bound launch, block columns forced, MXFP4 {n} x {k}": lambda d: launch_bc(y, x, w_mx, sf_mx, None, None),
         "raw TVM-FFI function": lambda d: fn(x, w, sf, y, gs, bias_dummy),
         "torch.empty of y": lambda d: torch.empty(m, n, dtype=torch.bfloat16, device="cuda"),

@@ -297,13 +297,21 @@ def block_columns_for(m: int, n: int, k: int, fmt: str, sms: int, x_dtype: str =
 
 
 # x in fragment order (LinearW4A16Fragments: a first kernel writes x once a call in the order of the main loop's
-# loads and B registers). TODO: the rule from the op-level measurement.
-X_FRAGMENTS_MIN_TOKENS = 1
+# loads and B registers; the loop then has no PRMT and a warp's x load is 512 contiguous bytes, 4 L1 wavefronts
+# instead of 16). The loop is 6-11 % shorter and, from 3 tokens, relieves the L1's data pipe, but the first kernel
+# costs about 1 us a call. Graph-timed on the H200 against the default kernel, the same split
+# (docs/linear_h200_x_fragments_op.csv: 12 shapes, M = 1-4, 8, 12, 16, both formats; BENCHMARKS.md, "x in fragment
+# order"): the cut on the weight's codes (N·K/2 bytes) lies between the largest loss and the smallest win of each
+# token class: 3-4 tokens from 28 MB (14 MB lost 1-4 %; 28-112 MB 0.87-1.02), 5-8 from 8 MB (7.9 MB lost 1-5 %,
+# 8-112 MB 0.79-1.00), 9-16 from 6 MB (4 MB lost 1-9 %, 7.9-112 MB 0.78-1.01); at 1-2 tokens never (0.96-1.38).
+X_FRAGMENTS_MIN_CODE_BYTES = ((2, None), (4, 28 << 20), (8, 8 << 20), (16, 6 << 20))  # (up to M, bytes or None)
 
 
 def x_fragments_for(m: int, n: int, k: int, fmt: str, x_dtype: str = "bf16") -> bool:
-    """Whether M tokens of N x K take x in fragment order."""
-    return m >= X_FRAGMENTS_MIN_TOKENS
+    """Whether M tokens of N x K take x in fragment order: from X_FRAGMENTS_MIN_CODE_BYTES of M's token class (past
+    16 tokens, as at 16: every CTA is a 16-token one)."""
+    least = next((b for top, b in X_FRAGMENTS_MIN_CODE_BYTES if m <= top), X_FRAGMENTS_MIN_CODE_BYTES[-1][1])
+    return least is not None and n * k // 2 >= least
 
 
 def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str, bias: bool, global_scale: bool,
