@@ -335,8 +335,8 @@ def test_block_columns_rule():
 
 def test_x_fragments_rule():
     """x_fragments_for: never at 1-2 tokens; from 28 MB of codes at 3-4 tokens, 8 MB at 5-8, 6 MB at 9 and more (the
-    cuts between the measured losses and wins); one answer a token class; not with block columns or a config
-    override."""
+    cuts between the measured losses and wins), MXFP4 with fp16 x from 9 tokens only; one answer a token class; not
+    with block columns or a config override."""
     mb = 1 << 20
     cases = [(1, 8192, 28672, False), (2, 28672, 4096, False), (3, 4096, 14336, True), (4, 4096, 7168, False),
              (3, 28 * mb // 4096 * 2 - 2, 4096, False), (5, 4096, 4096, True), (8, 5760, 2880, False),
@@ -345,6 +345,9 @@ def test_x_fragments_rule():
         assert kernels.x_fragments_for(m, n, k, "nvfp4") is want, (m, n, k)
         assert kernels.config_for(m, n, k, "mxfp4", "plain", "bf16", False, False).x_fragments is want, (m, n, k)
     assert not kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "bf16", False, False).x_fragments  # columns
+    assert not kernels.x_fragments_for(8, 8192, 28672, "mxfp4", "fp16")  # x split into bf16 hi + lo
+    assert kernels.x_fragments_for(9, 8192, 28672, "mxfp4", "fp16") and kernels.x_fragments_for(8, 8192, 28672,
+                                                                                                 "nvfp4", "fp16")
     assert not kernels.config_for(8, 8192, 28672, "nvfp4", "plain", "bf16", False, False, k_warps=4).x_fragments
     assert kernels.config_for(8, 64, 64, "nvfp4", "plain", "bf16", False, False, x_fragments=True).x_fragments
     with pytest.raises(ValueError, match="x_fragments"):
@@ -662,7 +665,7 @@ def test_x_fragments(fmt, layout, dtype, k):
     w, scale, plain, gs, bias = _cuda_operands(n, k, fmt, layout, dtype)
     for m, cfg in [(1, {}), (2, dict(k_parts=2, k_warps=2)), (3, dict(k_parts=2, k_warps=4, k_splits=2)),
                    (5, dict(k_warps=16, k_splits=2)), (8, dict(groups=2, k_warps=2)), (9, dict(token_tiles=2)),
-                   (13, dict(token_tiles=2, groups=2, k_warps=4, acc_sets=2)), (16, dict(max_registers=48)),
+                   (13, dict(token_tiles=2, groups=2, k_warps=4, acc_sets=2)), (16, dict(k_warps=4, max_registers=48)),
                    (7, dict(row_warps=2, k_warps=4)), (40, dict(token_tiles=2, m_major=True, k_splits=1))]:
         x = torch.randn(m, k).to(dtype).cuda()
         b = bias if m % 2 == 0 else None

@@ -304,12 +304,18 @@ def block_columns_for(m: int, n: int, k: int, fmt: str, sms: int, x_dtype: str =
 # order"): the cut on the weight's codes (N·K/2 bytes) lies between the largest loss and the smallest win of each
 # token class: 3-4 tokens from 28 MB (14 MB lost 1-4 %; 28-112 MB 0.87-1.02), 5-8 from 8 MB (7.9 MB lost 1-5 %,
 # 8-112 MB 0.79-1.00), 9-16 from 6 MB (4 MB lost 1-9 %, 7.9-112 MB 0.78-1.01); at 1-2 tokens never (0.96-1.38).
+# MXFP4 with fp16 x (x split into a bf16 hi + lo pair, twice the MMAs) keeps the default kernel up to 8 tokens: on
+# 12 shapes drawn after the cuts were set (docs/linear_h200_x_fragments_heldout.csv) those points were the only
+# losses over 3 % (1.06-1.14 at 3 and 6 tokens, 18-180 MB), while at 10 and 16 tokens they won like the rest.
 X_FRAGMENTS_MIN_CODE_BYTES = ((2, None), (4, 28 << 20), (8, 8 << 20), (16, 6 << 20))  # (up to M, bytes or None)
+X_FRAGMENTS_SPLIT_X_MIN_TOKENS = 9
 
 
 def x_fragments_for(m: int, n: int, k: int, fmt: str, x_dtype: str = "bf16") -> bool:
     """Whether M tokens of N x K take x in fragment order: from X_FRAGMENTS_MIN_CODE_BYTES of M's token class (past
-    16 tokens, as at 16: every CTA is a 16-token one)."""
+    16 tokens, as at 16: every CTA is a 16-token one), and MXFP4 with fp16 x only from 9 tokens."""
+    if fmt == "mxfp4" and x_dtype == "fp16" and m < X_FRAGMENTS_SPLIT_X_MIN_TOKENS:
+        return False
     least = next((b for top, b in X_FRAGMENTS_MIN_CODE_BYTES if m <= top), X_FRAGMENTS_MIN_CODE_BYTES[-1][1])
     return least is not None and n * k // 2 >= least
 
