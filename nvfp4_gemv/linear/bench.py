@@ -96,6 +96,40 @@ def sweep(configs=None, shapes=SHAPES, tokens=TOKENS, formats=("nvfp4",), csv_pa
     return rows
 
 
+def x_fragments_ab(shapes=SHAPES, tokens=(1, 2, 3, 4, 8, 12, 16), formats=FORMATS, rounds=2, csv_path=None, log=print):
+    """µs per call at every (shape, M, format) of the launcher's split with x in fragment order forced on and off
+    (and block columns where their rule takes them), alternately `rounds` times, the best of each; with the read of
+    the same bytes: the data behind `kernels.X_FRAGMENTS_MIN_CODE_BYTES`. A shape may carry x's dtype third."""
+    from nvfp4_gemv.linear import kernels
+
+    rows = []
+    for shape in shapes:
+        n, k = shape[:2]
+        dtype = shape[2] if len(shape) > 2 else torch.bfloat16
+        for fmt in formats:
+            read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt)))
+            for m in tokens:
+                variants = {"default": dict(x_fragments=False), "fragments": dict(x_fragments=True)}
+                if kernels.block_columns_for(m, n, k, fmt, kernels.H200_SMS, _X_NAMES[dtype]):
+                    variants["columns"] = dict(block_columns=True)
+                times = {name: math.inf for name in variants}
+                for _ in range(rounds):
+                    for name, ov in variants.items():
+                        times[name] = min(times[name], _time(lambda: ours(n, k, m, fmt, dtype, **ov)))
+                row = dict(n=n, k=k, m=m, fmt=fmt, x=_X_NAMES[dtype], read_us=round(read, 3),
+                           default_us=round(times["default"], 3), fragments_us=round(times["fragments"], 3),
+                           columns_us=round(times.get("columns", math.nan), 3),
+                           fragments_over_default=round(times["fragments"] / times["default"], 4))
+                rows.append(row)
+                log(" ".join(f"{key}={val}" for key, val in row.items()))
+    if csv_path:
+        write_csv(rows, csv_path)
+    return rows
+
+
+_X_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
 MANY_TOKENS_SHAPES = ((8192, 28672), (28672, 4096), (4096, 14336), (4096, 4096), (5760, 2880), (2880, 2880),
                       (2048, 768))
 
