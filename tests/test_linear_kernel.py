@@ -237,6 +237,16 @@ def test_register_table_matches_ptxas(tmp_path):
     for (g, t), cap in kernels.CAPS.items():
         for kw in (4, 8):
             assert allocated(g, t, kw, cap) == cap, ((g, t), kw, cap)
+    # x in fragment order takes the same splits: its main kernel (and its first) must fit the same table.
+    from registers import allocation, compiled_registers_all
+
+    for (g, t), table in kernels.REGISTERS.items():
+        regs = compiled_registers_all(
+            "linear_w4a16_fragments", "LinearW4A16Fragments",
+            f"groups={g}, token_tiles={t}, k_warps=8, acc_sets={kernels.acc_sets_for(g, t, 'nvfp4', 'bf16')}, "
+            "x_fragments=True", tmp_path / f"fragments_g{g}t{t}", "linear_w4a16", "LinearW4A16Config",
+        )
+        assert len(regs) == 2 and allocation(max(regs)) <= table, ((g, t), regs, table)
 
 
 @pytest.mark.slow
@@ -331,6 +341,33 @@ def test_block_columns_rule():
     assert kernels.config_for(1, 64, 64, "nvfp4", "plain", "bf16", False, False, block_columns=True).block_columns
     with pytest.raises(ValueError, match="block_columns"):
         kernels.LinearW4A16Config(block_columns=True, k_parts=2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("kw", [dict(fmt="nvfp4", x_dtype="bf16"),
+                                dict(fmt="mxfp4", x_dtype="fp16", token_tiles=2, groups=2, k_warps=4)],
+                         ids=["nvfp4-bf16", "mxfp4-fp16-t2g2"])
+def test_x_fragments_ptx_facts(tmp_path, arch, kw):
+    """x in fragment order compiles for both archs as two kernels: the x pass (one 16-byte load, the B pairs by
+    PRMT, one 16-byte store a thread; it lets the main kernel launch at once) and the main kernel, which waits for
+    it before its K loop and forms no x pair itself (its only PRMT are the scale's, two a row group and step)."""
+    from cute_kernels.linear_w4a16 import LinearW4A16Config
+
+    cfg = LinearW4A16Config(x_fragments=True, **kw)
+    text = compiled_ptx("linear_w4a16_fragments", "LinearW4A16Fragments", dict(x_fragments=True, **kw), arch,
+                        tmp_path, "linear_w4a16", "LinearW4A16Config")
+    entries = text.split(".entry ")[1:]
+    assert len(entries) == 2
+    prep, main = sorted(entries, key=lambda e: "mma.sync" in e)
+    assert "griddepcontrol.launch_dependents" in prep and "mma.sync" not in prep
+    assert prep.count("prmt.b32") == 4 and "ld.global.v4" in prep and "st.global.v4" in prep
+    assert "griddepcontrol.wait" in main and "griddepcontrol.wait" not in prep
+    ab = "bf16" if cfg.mma_dtype == "bf16" else "f16"
+    assert main.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32") > 0
+    (tmp_path / "plain").mkdir()
+    plain = compiled_ptx("linear_w4a16", "LinearW4A16", kw, arch, tmp_path / "plain")
+    assert main.count("prmt.b32") < plain.count("prmt.b32")
 
 
 def test_x_fragments_rule():
