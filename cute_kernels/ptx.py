@@ -73,4 +73,3 @@ def st_relaxed_gpu_b32(ptr, value, *, loc=None, ip=None) -> None:
     operands = [ptr, Int32(value).ir_value(loc=loc, ip=ip)]
     inline_ptx(None, operands, "st.relaxed.gpu.global.b32 [$0], $1;", "l,r,~{memory}", side_effects=True, loc=loc,
                ip=ip)
-
