@@ -110,13 +110,13 @@ def x_fragments_ab(shapes=SHAPES, tokens=(1, 2, 3, 4, 8, 12, 16), formats=FORMAT
             read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt)))
             for m in tokens:
                 variants = {"default": dict(x_fragments=False), "fragments": dict(x_fragments=True)}
-                if kernels.block_columns_for(m, n, k, fmt, kernels.H200_SMS, _X_NAMES[dtype]):
+                if kernels.block_columns_for(m, n, k, fmt, kernels.H200_SMS, kernels._X_DTYPES[dtype]):
                     variants["columns"] = dict(block_columns=True)
                 times = {name: math.inf for name in variants}
                 for _ in range(rounds):
                     for name, ov in variants.items():
                         times[name] = min(times[name], _time(lambda: ours(n, k, m, fmt, dtype, **ov)))
-                row = dict(n=n, k=k, m=m, fmt=fmt, x=_X_NAMES[dtype], read_us=round(read, 3),
+                row = dict(n=n, k=k, m=m, fmt=fmt, x=kernels._X_DTYPES[dtype], read_us=round(read, 3),
                            default_us=round(times["default"], 3), fragments_us=round(times["fragments"], 3),
                            columns_us=round(times.get("columns", math.nan), 3),
                            fragments_over_default=round(times["fragments"] / times["default"], 4))
@@ -125,9 +125,6 @@ def x_fragments_ab(shapes=SHAPES, tokens=(1, 2, 3, 4, 8, 12, 16), formats=FORMAT
     if csv_path:
         write_csv(rows, csv_path)
     return rows
-
-
-_X_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 MANY_TOKENS_SHAPES = ((8192, 28672), (28672, 4096), (4096, 14336), (4096, 4096), (5760, 2880), (2880, 2880),
