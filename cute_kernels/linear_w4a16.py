@@ -28,6 +28,10 @@ lane's step index is 2s + p, so it loads and decodes what a one-part lane of ste
 Accumulator sets (acc_sets = 2): MMA i of a step adds into set i % 2, so a step's MMAs of one (group, tile) are two
 dependent chains of 4 instead of one of 8; the sets are added once after the K loop, in a fixed order.
 
+x in fragment order (x_fragments, `linear_w4a16_fragments.LinearW4A16Fragments`): a first kernel writes x once a
+call so that each lane's four 16-byte x chunks of a step come from 512 contiguous bytes a warp, already paired for
+the B registers; this loop then loads them at fixed offsets from one address a step and skips the PRMT.
+
 Work split: a CTA is row_warps x k_warps warps; a warp owns `groups` 16-row groups and takes every k_warps-th step,
 so the row_warps warps on the same steps share x through L1. k-warps are summed in warp order through shared
 memory; with k_splits > 1 the k_splits CTAs of a thread-block cluster share the steps of one row tile, and rank 0
