@@ -291,7 +291,7 @@ def run(shapes=SHAPES, tokens=TOKENS, formats=FORMATS, peers: bool = True, csv_p
                         + (f" a{cfg.acc_sets}" if cfg.acc_sets > 1 else "")
                         + (f" s{cfg.k_splits}" if cfg.k_splits > 1 else "")
                         + (f" r{cfg.max_registers}" if cfg.max_registers else "")
-                        + (" bc" if cfg.block_columns else ""))
+                        + (" bc" if cfg.block_columns else "") + (" xf" if cfg.x_fragments else ""))
                 row = dict(n=n, k=k, m=m, fmt=fmt, read_us=read, ours_us=t, ratio=t / read, quack_us=q,
                            quack_over_ours=q / t, cublas_us=cub[m], cublas_over_ours=cub[m] / t, config=desc)
                 rows.append(row)
