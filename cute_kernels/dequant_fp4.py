@@ -21,6 +21,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32, const_expr
 
+from cute_kernels.compile import launch
 from cute_kernels.linear_w4a16 import (
     SF_DTYPES,
     decode_word,
@@ -88,11 +89,7 @@ class DequantFp4:
 
     @cute.jit
     def __call__(self, mW: cute.Tensor, mSF: cute.Tensor, mOut: cute.Tensor, stream=None):
-        kernel_call, shape = self.build(mW, mSF, mOut)
-        if const_expr(stream is None):
-            kernel_call.launch(**shape)
-        else:
-            kernel_call.launch(**shape, stream=stream)
+        launch(*self.build(mW, mSF, mOut), stream=stream)
 
     @cute.jit
     def build(self, mW, mSF, mOut):

@@ -49,7 +49,7 @@ from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from cute_kernels.compile import REGISTER_FILE, SmemAllocator, cap_registers, load_atom
+from cute_kernels.compile import REGISTER_FILE, SmemAllocator, cap_registers, launch, load_atom
 from cute_kernels.decode import e4m3x2_to_f16x2
 from cute_kernels.ptx import asm_u32, cluster_sync, inline_ptx, ld_shared_cluster_f32
 from layouts.constants import SF_VEC
@@ -435,11 +435,7 @@ class LinearW4A16:
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mSF: cute.Tensor, mY: cute.Tensor, mGS: cute.Tensor,
                  mBias: cute.Tensor, stream=None):
-        kernel_call, shape = self.build(mX, mW, mSF, mY, mGS, mBias)
-        if const_expr(stream is None):
-            kernel_call.launch(**shape)
-        else:
-            kernel_call.launch(**shape, stream=stream)
+        launch(*self.build(mX, mW, mSF, mY, mGS, mBias), stream=stream)
 
     @cute.jit
     def build(self, mX, mW, mSF, mY, mGS, mBias):

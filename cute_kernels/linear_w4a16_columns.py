@@ -34,7 +34,7 @@ from cutlass import Float32, Int32, Int64, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
-from cute_kernels.compile import SmemAllocator, load_atom
+from cute_kernels.compile import SmemAllocator, launch, load_atom
 from cute_kernels.decode import e4m3x2_to_f32x2
 from cute_kernels.linear_w4a16 import (
     MX_VEC, PAIRS, STEP_K, LinearW4A16, decode_word, ld_global_nc, mma_16816, prmt, sf_address, x_pair_selector,
@@ -107,12 +107,8 @@ class LinearW4A16Columns(LinearW4A16):
         prep = self.prep_kernel(x_words, xp, mFX, k)
         main = self.kernel(xp, mFX, w_words, sf, mY, mGS, mBias, m, n, k)
         prep_shape = dict(grid=[m, 1, 1], block=[PREP_THREADS, 1, 1])
-        if const_expr(stream is None):
-            prep.launch(**prep_shape)
-            main.launch(**shape, use_pdl=True)
-        else:
-            prep.launch(**prep_shape, stream=stream)
-            main.launch(**shape, stream=stream, use_pdl=True)
+        launch(prep, prep_shape, stream)
+        launch(main, dict(shape, use_pdl=True), stream)
 
     # ------------------------------------------------------------ the x pass
 

@@ -19,9 +19,9 @@ never read, so the pass writes only the M x K elements.
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Uint32, const_expr
+from cutlass import Int32, Uint32
 
-from cute_kernels.compile import load_atom
+from cute_kernels.compile import launch, load_atom
 from cute_kernels.linear_w4a16 import PAIRS, STEP_K, LinearW4A16, prmt, x_pair_selector
 
 CHUNK_THREADS = 128  # threads of an x-pass CTA: the chunks of one (step, token group), 4 x 8 x 4
@@ -54,12 +54,8 @@ class LinearW4A16Fragments(LinearW4A16):
         prep = self.fragments_kernel(x_words, xf, m, k)
         main = self.kernel(xf, w_words, sf, mY, mGS, mBias, m, n, k)
         prep_shape = dict(grid=[steps, gm, 1], block=[CHUNK_THREADS, 1, 1])
-        if const_expr(stream is None):
-            prep.launch(**prep_shape)
-            main.launch(**self.launch_shape(m, n), use_pdl=True)
-        else:
-            prep.launch(**prep_shape, stream=stream)
-            main.launch(**self.launch_shape(m, n), stream=stream, use_pdl=True)
+        launch(prep, prep_shape, stream)
+        launch(main, dict(self.launch_shape(m, n), use_pdl=True), stream)
 
     @cute.kernel
     def fragments_kernel(self, x_words: cute.Tensor, xf: cute.Tensor, m: Int32, k: Int32):
