@@ -99,8 +99,8 @@ def test_split_rules_measured_on_shapes_no_file_named():
     """The split rules of `choose_split` and `k_splits_for` on points of docs/linear_h200_split_rule_check.csv and
     docs/linear_sweep_h200_random_splits.csv (graph-timed, x the read; the old rule's pick against this one's)."""
 
-    def split(m, n, k, fmt="nvfp4"):
-        c = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, True, 132)
+    def split(m, n, k, fmt="nvfp4", **override):
+        c = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4", 132, **override)
         return c.groups, c.k_warps, c.max_registers, c.k_parts, c.k_splits
 
     assert kernels.k_steps(544) == 5 and kernels.k_steps(64) == 1  # a partial last step counts
@@ -119,8 +119,8 @@ def test_split_rules_measured_on_shapes_no_file_named():
     # group (1.43-1.52 x the read) rather than 8 of two (1.61-1.73).
     assert split(4, 5760, 2880) == (1, 4, 0, 2, 1)
     # ... and to more groups when both are balanced: two groups at 16 tokens on large W (28672 x 4096: 1.95-2.28
-    # at M = 12-16 against 2.44-2.90 for one group of 1 k-warp).
-    assert split(16, 28672, 4096)[:2] == (2, 2) and split(1, 28672, 4096)[:2] == (2, 4)
+    # at M = 12-16 against 2.44-2.90 for one group of 1 k-warp), measured with x in its own order.
+    assert split(16, 28672, 4096, x_fragments=False)[:2] == (2, 2) and split(1, 28672, 4096)[:2] == (2, 4)
     # More than 4 tokens a CTA: k-warps 3/4 busy as well (642 x 1024 at M = 8: 8 k-warps, not 16).
     assert split(8, 642, 1024)[:2] == (1, 8)
     # 16 tokens a CTA: two groups with as short a chain, of at least TWO_GROUPS_MIN_CHAIN steps, in CTAs of at most
@@ -129,9 +129,24 @@ def test_split_rules_measured_on_shapes_no_file_named():
     # Not under half a wave (4042 x 14720: 2.56 against 2.32), nor at 8 steps (5989 x 7680: 2.52 against 2.34), nor
     # in CTAs of 8 k-warps (6082 x 11840 at 10 tokens: 18 % slower with two groups).
     for m in (12, 16):
-        assert split(m, 11538, 7936)[:2] == (2, 4) and split(m, 24323, 13952)[:2] == (2, 2)
-        assert split(m, 4042, 14720)[:2] == (1, 8) and split(m, 5989, 7680)[:2] == (1, 8)
-        assert split(m, 6082, 11840)[:2] == (1, 8)
+        own = dict(x_fragments=False)  # as measured then
+        assert split(m, 11538, 7936, **own)[:2] == (2, 4) and split(m, 24323, 13952, **own)[:2] == (2, 2)
+        assert split(m, 4042, 14720, **own)[:2] == (1, 8) and split(m, 5989, 7680, **own)[:2] == (1, 8)
+        assert split(m, 6082, 11840, **own)[:2] == (1, 8)
+    # With x in fragment order (the rule takes it on these weights), the most warps of one wave, no two-group test:
+    # 28672 x 4096 at 16 tokens 1.57 x the read with one group of 2 k-warps against 1.87 with two
+    # (docs/linear_sweep_h200_m16_x_fragments.csv); 10240 x 8192 1.74 against 2.19; a tie in warps still goes to two
+    # groups (8192 x 28672: 1.78 against 1.98 for one group of 4 k-warps).
+    for m in (9, 12, 16):
+        assert kernels.x_fragments_for(m, 28672, 4096, "nvfp4") and kernels.x_fragments_for(m, 10240, 8192, "mxfp4")
+        assert split(m, 28672, 4096)[:2] == (1, 2) and split(m, 10240, 8192, "mxfp4")[:2] == (1, 4)
+        assert split(m, 8192, 28672)[:2] == (2, 8)
+        # MXFP4 with fp16 x (x as a bf16 hi + lo pair) keeps the two-group test: one group was 1.27-1.29 x slower
+        # on 22315 x 15680 and 22861 x 20288 (docs/linear_h200_m16_x_fragments_split_heldout.csv).
+        mx16 = kernels.config_for(m, 22315, 15680, "mxfp4", "plain", "fp16", False, False, 132)
+        nv16 = kernels.config_for(m, 22315, 15680, "nvfp4", "plain", "fp16", False, True, 132)
+        assert mx16.x_fragments and (mx16.groups, mx16.k_warps) == (2, 2)
+        assert nv16.x_fragments and (nv16.groups, nv16.k_warps) == (1, 2)
 
 
 def test_small_weights_split_9_to_16_tokens_over_two_ctas():
@@ -247,6 +262,16 @@ def test_register_table_matches_ptxas(tmp_path):
             "x_fragments=True", tmp_path / f"fragments_g{g}t{t}", "linear_w4a16", "LinearW4A16Config",
         )
         assert len(regs) == 2 and allocation(max(regs)) <= table, ((g, t), regs, table)
+    # ... and within kernels.FRAGMENT_REGISTERS where that counts fewer (both formats).
+    for (g, t, x_dtype), table in kernels.FRAGMENT_REGISTERS.items():
+        for fmt in ("nvfp4", "mxfp4"):
+            regs = compiled_registers_all(
+                "linear_w4a16_fragments", "LinearW4A16Fragments",
+                f"fmt={fmt!r}, x_dtype={x_dtype!r}, groups={g}, token_tiles={t}, k_warps=4, "
+                f"acc_sets={kernels.acc_sets_for(g, t, fmt, x_dtype)}, x_fragments=True",
+                tmp_path / f"fragments_{fmt}_{x_dtype}_g{g}t{t}", "linear_w4a16", "LinearW4A16Config",
+            )
+            assert allocation(max(regs)) <= table, ((g, t, x_dtype, fmt), regs, table)
 
 
 @pytest.mark.slow

@@ -35,14 +35,23 @@ H200_SMS = 132
 SPLITS = ((2, 1), (1, 1), (1, 2), (2, 2), (2, 4), (1, 4), (2, 8), (1, 8), (1, 16))
 REGISTERS = {(1, 1): 64, (2, 1): 72, (1, 2): 80, (2, 2): 128}  # (groups, token_tiles) -> registers a thread
 CAPS = {(1, 1): 48}  # (groups, token_tiles) -> a register cap ptxas meets with one spilled pair in the loop
+# (groups, token_tiles, x dtype) -> registers a thread of LinearW4A16Fragments (x_fragments) where they are fewer
+# than REGISTERS gives: one group of 16 tokens with bf16 x (no x pairing in the loop, the B registers as loaded)
+FRAGMENT_REGISTERS = {(1, 2, "bf16"): 72}
 # (format, groups) -> registers a thread of LinearW4A16Columns (block_columns), as for REGISTERS; no caps
 COLUMN_REGISTERS = {("mxfp4", 1): 64, ("mxfp4", 2): 80, ("nvfp4", 1): 72, ("nvfp4", 2): 80}
 
 
-def resident_warps(groups: int, k_warps: int, token_tiles: int, cap: int = 0, columns: str = "") -> int:
+def resident_warps(groups: int, k_warps: int, token_tiles: int, cap: int = 0, columns: str = "",
+                   fragments: str = "") -> int:
     """Warps of this config one SM holds at once (registers, CTA and warp limits; the GEMV's model, one CTA being
-    k_warps warps); `columns` (a format): of the block-columns kernel."""
-    regs = COLUMN_REGISTERS[(columns, groups)] if columns else REGISTERS[(groups, token_tiles)]
+    k_warps warps); `columns` (a format): of the block-columns kernel; `fragments` (x's dtype): with x in fragment
+    order."""
+    regs = REGISTERS[(groups, token_tiles)]
+    if columns:
+        regs = COLUMN_REGISTERS[(columns, groups)]
+    elif fragments:
+        regs = FRAGMENT_REGISTERS.get((groups, token_tiles, fragments), regs)
     return ctas_per_sm(cap or regs, k_warps) * k_warps
 
 
@@ -96,6 +105,18 @@ BALANCED = 0.8
 # CTAs of at most TWO_GROUPS_MAX_K_WARPS. This rule, on 20 more shapes drawn after it was fixed and 10240 x 8192 (M =
 # 9, 11, 13, 16 with bf16 x, 12 with fp16; same file, seed 7777): 0.918 of the time without it over 210 points, 148
 # faster by over 3 %, 11 slower by over 3 % (worst 1.14: 10343 x 8960 MXFP4 at 9 tokens, where it gains least).
+# With x in fragment order (x_fragments_for) a warp's x load is 4 L1 wavefronts instead of 16 and needs no PRMT, so
+# sharing x over two groups saves little, and one group of 16 tokens takes 72 registers with bf16 x
+# (FRAGMENT_REGISTERS): there the split is the most warps of one wave, without the two-group test. Graph-timed on the
+# H200 at M = 12 and 16, NVFP4, bf16 x, every candidate split with and without x in fragment order
+# (docs/linear_sweep_h200_m16_x_fragments.csv): one group was the fastest split with fragments on all 8 (shape, M)
+# points of 28672 x 4096, 14336 x 4096, 10240 x 8192 and 6144 x 4096 (28672 x 4096 at 16 tokens: 1.87 -> 1.57 x the
+# read; 10240 x 8192: 2.19 -> 1.74), where the two-group test had taken two; 8192 x 28672 kept two groups (a tie in
+# warps, which goes to more groups). On 40 shapes drawn after (docs/linear_h200_m16_x_fragments_split_heldout.csv,
+# random seeded 9090, codes of 6-400 MB, every third with fp16 x; the 13 whose split this changes, M = 9, 12, 16 and 32,
+# both formats, 104 points): 0.885 of the old split's time over the 72 points at 9-16 tokens with bf16 x or NVFP4
+# (0.79-0.97), and at 32 tokens 0.86-1.08; MXFP4 with fp16 x (x split into a bf16 hi + lo pair, 80 registers a
+# thread at one group) was 1.27-1.29 x slower, so it keeps the two-group test (an exception set on that run).
 TWO_GROUPS_MIN_CHAIN = 12
 TWO_GROUPS_MIN_FILL = 0.6
 TWO_GROUPS_MAX_K_WARPS = 4
@@ -107,18 +128,18 @@ def chain(steps: int, k_warps: int) -> int:
 
 
 def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = "",
-                 few_tokens: bool | None = None) -> tuple[int, int, int]:
+                 few_tokens: bool | None = None, fragments: str = "") -> tuple[int, int, int]:
     """(groups, k_warps, register cap) for N rows of K: the most warps that fit one resident wave among the candidates
     above (`few_tokens`: at most 4 tokens a CTA; by default, one token tile); on ties uncapped, then balanced, then
     more groups; where none fits (very large N), the fewest waves. With two token tiles, two groups where the
-    TWO_GROUPS_* test above takes them over one."""
+    TWO_GROUPS_* test above takes them over one, unless x is in fragment order (`fragments`: x's dtype)."""
     if few_tokens is None:
         few_tokens = token_tiles == 1
     steps = k_steps(k)
     fits = []  # (key, split, fill of one wave) of the candidates whose grid fits one resident wave
     fewest, fewest_waves = None, None
     for groups, k_warps, cap in candidates(token_tiles, columns):
-        wave = resident_warps(groups, k_warps, token_tiles, cap, columns) * sms
+        wave = resident_warps(groups, k_warps, token_tiles, cap, columns, fragments) * sms
         if wave == 0:
             continue
         warps = grid_warps(n, groups, k_warps)
@@ -137,7 +158,7 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = 
         return fewest
     _, best, _ = max(fits, key=lambda f: f[0])  # the first of the best keys, in candidates' order
     two = [f for f in fits if f[1][0] == 2 and f[1][1] <= TWO_GROUPS_MAX_K_WARPS]
-    if token_tiles == 2 and best[0] == 1 and two:
+    if token_tiles == 2 and best[0] == 1 and two and not fragments:
         _, split, fill = max(two, key=lambda f: f[0])
         if TWO_GROUPS_MIN_CHAIN <= chain(steps, split[1]) <= chain(steps, best[1]) and fill >= TWO_GROUPS_MIN_FILL:
             return split
@@ -225,7 +246,7 @@ K_PARTS_ALWAYS_TOKENS = 3
 K_PARTS_MIN_BALANCE = 0.9
 
 
-def _split(m: int, n: int, k: int, sms: int, parts: int, token_tiles: int, columns: str = ""):
+def _split(m: int, n: int, k: int, sms: int, parts: int, token_tiles: int, columns: str = "", fragments: str = ""):
     """(rows, K a row, groups, k_warps, register cap, k_splits) the launcher chooses for M tokens with `parts` K parts
     a row and `token_tiles` tiles a CTA (`columns`, a format: the block-columns kernel, 2 tokens a CTA): the split
     sees the CTAs along M (up to 16 tokens; 9-16 tokens in 8-token CTAs: two) as more rows, and two K parts a row as
@@ -233,7 +254,7 @@ def _split(m: int, n: int, k: int, sms: int, parts: int, token_tiles: int, colum
     rows = n * -(-min(m, 16) // ((2 if columns else 8 // parts) * token_tiles)) * parts
     k_row = k // parts
     few_tokens = bool(columns) or parts == 2 or m <= K_PARTS_MAX_TOKENS  # at most 4 tokens a CTA
-    groups, k_warps, cap = choose_split(rows, k_row, sms, token_tiles, columns, few_tokens)
+    groups, k_warps, cap = choose_split(rows, k_row, sms, token_tiles, columns, few_tokens, fragments)
     return rows, k_row, groups, k_warps, cap, k_splits_for(rows, k_row, sms, token_tiles, groups, k_warps, cap,
                                                            columns)
 
@@ -335,7 +356,9 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     override = {**override, "block_columns": columns, "x_fragments": fragments}
     parts = 1 if columns else override.get("k_parts") or k_parts_for(m, n, k, sms)
     token_tiles = 1 if columns else override.get("token_tiles") or (1 if parts == 2 else token_tiles_for(m, n, k))
-    _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, fmt if columns else "")
+    split_x = fmt == "mxfp4" and x_dtype == "fp16"  # x as a bf16 hi + lo pair: keeps the two-group test
+    _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, fmt if columns else "",
+                                                x_dtype if fragments and not split_x else "")
     # An override of the split (sweeps, tests) means that split on its own, unless it names k_splits too.
     if any(f in override for f in ("groups", "k_warps", "max_registers")):
         splits = 1
