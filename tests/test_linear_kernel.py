@@ -293,11 +293,13 @@ def test_two_accumulator_sets_only_where_registers_are_already_counted_at_128():
     MXFP4 with fp16 x; one set at every other (groups, token tiles), and an override of either wins."""
     from cute_kernels.linear_w4a16 import LinearW4A16Config
 
-    big = kernels.config_for(16, 28672, 4096, "nvfp4", "plain", "bf16", False, True)
-    assert (big.groups, big.token_tiles, big.acc_sets) == (2, 2, 2)
-    assert "acc_sets=2" in kernels.describe(16, 28672, 4096, "nvfp4", "bf16")
+    big = kernels.config_for(16, 8192, 28672, "nvfp4", "plain", "bf16", False, True)
+    assert (big.groups, big.token_tiles, big.acc_sets, big.x_fragments) == (2, 2, 2, True)
+    assert "acc_sets=2" in kernels.describe(16, 8192, 28672, "nvfp4", "bf16")
+    own = kernels.config_for(16, 28672, 4096, "nvfp4", "plain", "bf16", False, True, x_fragments=False)
+    assert (own.groups, own.token_tiles, own.acc_sets) == (2, 2, 2)
     assert kernels.config_for(16, 28672, 4096, "mxfp4", "plain", "fp16", False, False).acc_sets == 1
-    assert kernels.config_for(16, 28672, 4096, "mxfp4", "plain", "bf16", False, False).acc_sets == 2
+    assert kernels.config_for(16, 8192, 28672, "mxfp4", "plain", "bf16", False, False).acc_sets == 2
     for m in (1, 2, 4, 8):
         assert kernels.config_for(m, 28672, 4096, "nvfp4", "plain", "bf16", False, True).acc_sets == 1, m
     assert kernels.config_for(16, 6144, 4096, "nvfp4", "plain", "bf16", False, True).acc_sets == 1  # one group
