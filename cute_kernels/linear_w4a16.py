@@ -83,6 +83,7 @@ class LinearW4A16Config:
     acc_sets: int = 1  # 2: a step's MMAs alternate between two accumulator sets (two chains of 4, not one of 8)
     block_columns: bool = False  # LinearW4A16Columns: x prepared as f16, block scales after the MMA, 2 tokens a CTA
     x_fragments: bool = False  # LinearW4A16Fragments: x prepared in fragment order, a warp's x load 512 contiguous bytes
+    mx_fold: bool = False  # MXFP4: the scale fold (MX_FOLD) on the steps whose scales fit it; False: the general path
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -108,6 +109,8 @@ class LinearW4A16Config:
         if self.block_columns and (self.k_parts, self.token_tiles, self.acc_sets, self.m_major) != (1, 1, 1, False):
             raise ValueError(f"block_columns takes one K part, one token tile, one accumulator set and no m_major, "
                              f"got {self}")
+        if self.mx_fold and (self.fmt != "mxfp4" or self.block_columns):
+            raise ValueError(f"mx_fold is MXFP4's scale fold in the default kernel, got {self}")
         if self.block_columns and self.x_fragments:
             raise ValueError("block_columns prepares x its own way; x_fragments is for the default kernel")
         if self.m_major and self.k_splits > 1:
@@ -119,15 +122,19 @@ class LinearW4A16Config:
 
     @property
     def mma_dtype(self) -> str:
-        """The MMA's operand type. fp16 x with NVFP4 stays f16 (code x scale <= 2688 is exact in f16); MXFP4's
-        power-of-two scales need bf16's range, and fp16 x then goes in as an exact bf16 hi + lo pair."""
+        """The MMA's operand type, x's: fp16 x with NVFP4 stays f16 (code x scale <= 2688 is exact in f16); MXFP4's
+        power-of-two scales fit f16 only over part of their range, so a warp's step whose scales leave it (MX_FOLD)
+        goes as bf16 with x as an exact bf16 hi + lo pair (split_x)."""
         if self.block_columns:
             return "fp16"  # x prepared as f16 (LinearW4A16Columns)
-        return "fp16" if (self.x_dtype == "fp16" and self.fmt == "nvfp4") else "bf16"
+        if self.fmt == "mxfp4" and not self.mx_fold:
+            return "bf16"
+        return self.x_dtype
 
     @property
     def split_x(self) -> bool:
-        return self.x_dtype == "fp16" and self.mma_dtype == "bf16" and not self.block_columns
+        """MXFP4 with fp16 x: the steps whose scales leave f16's range multiply x as a bf16 hi + lo pair."""
+        return self.x_dtype == "fp16" and self.fmt == "mxfp4" and not self.block_columns
 
     @property
     def group_rows(self) -> int:
@@ -320,6 +327,42 @@ def x_pair_selector(a: int, b: int) -> int:
 NV_FOLD = {"fp16": 2.0**6, "bf16": 2.0**118}
 BF16_2_126 = 0x7E807E80  # 2^126 in both bf16 halves
 F16_2_6 = 0x54005400  # 64.0 in both f16 halves
+
+
+# MXFP4's scale fold: the placed code carries 2^-126 (bf16) or 2^-6 (f16), and where the e8m0 scale s lets, one
+# multiplier 2^(s - 127) times the inverse of that power of two, in the MMA's type, makes code · 2^(s - 127) in one
+# HMUL2 (exact): bf16 2^(s - 1) for s <= 128; f16 2^(s - 121) for 107 <= s <= 136 (scales 2^-20 to 2^9, the
+# multiplier a normal f16 and every code · scale exact in f16). mx_fold_multiplier makes it with one IMAD: the
+# exponent field s + offset in both halves. A warp's step with any scale outside takes the general path (the
+# placed code times 2^126, then the scale, in bf16; with fp16 x, x as a bf16 hi + lo pair), whose products are the
+# same exact values.
+MX_FOLD = {"bf16": (126, 7, 0, 128), "fp16": (-106, 10, 107, 136)}  # (exponent offset, mantissa bits, least s, most s)
+
+
+def mx_fold_multiplier(s, dtype: str) -> Uint32:
+    """2^(s - 127) / (the placed code's power of two) in both halves of `dtype`, for s in MX_FOLD's range."""
+    offset, bits, _, _ = MX_FOLD[dtype]
+    k = (1 << bits) | (1 << (bits + 16))
+    return Uint32(s) * Uint32(k) + Uint32((offset * k) & 0xFFFFFFFF)
+
+
+def mx_fold_fits(s, dtype: str):
+    """Whether the e8m0 scale s is in MX_FOLD's range for `dtype` (one unsigned compare)."""
+    _, _, least, most = MX_FOLD[dtype]
+    return Uint32(s) - Uint32(least) <= Uint32(most - least)
+
+
+@dsl_user_op
+def f16x2_to_bf16x2_times_64(h2, *, loc=None, ip=None) -> Uint32:
+    """An f16 pair (placed codes, code · 2^-6) as the bf16 pair of the codes: exact (a code has 2 significant bits)."""
+    return asm_u32(
+        [h2],
+        "{\n\t.reg .b16 l, h;\n\t.reg .f32 a, b;\n\tmov.b32 {l, h}, $1;\n\tcvt.f32.f16 a, l;\n\tcvt.f32.f16 b, h;\n\t"
+        "mul.rn.f32 a, a, 0f42800000;\n\tmul.rn.f32 b, b, 0f42800000;\n\tcvt.rn.bf16x2.f32 $0, b, a;\n\t}",
+        "=r,r",
+        loc,
+        ip,
+    )
 
 
 @dsl_user_op
@@ -520,7 +563,8 @@ class LinearW4A16:
             rX.fill(0)
             for g in cutlass.range_constexpr(cfg.groups):
                 for h in cutlass.range_constexpr(2):
-                    rS[h, g] = Uint32(0x3838)  # any finite scale: the codes are zero
+                    # any finite scale, the codes being zero (MXFP4: 2^0, in MX_FOLD's range)
+                    rS[h, g] = Uint32(0x3838 if cfg.fmt == "nvfp4" else 127)
 
     def x_row(self, x_words, s, tok):
         """Token `tok`'s x words of step s: its row of x, or, with x in fragment order, its (4 chunks, 4 lanes x 4
@@ -536,10 +580,36 @@ class LinearW4A16:
         return cute.local_tile(x_row, (4,), (xq // 4 + v,))
 
     @cute.jit
-    def compute_step(self, regs, accs):
-        """Decode and multiply one loaded step; MMA i of the step adds into accumulator set i % acc_sets."""
+    def fold_fits(self, regs):
+        """MXFP4: whether every scale of this warp's loaded step is in MX_FOLD's range (a warp vote)."""
+        fits = mx_fold_fits(regs[2][0, 0], self.cfg.mma_dtype)
+        for g in cutlass.range_constexpr(self.cfg.groups):
+            for h in cutlass.range_constexpr(2):
+                fits = fits & mx_fold_fits(regs[2][h, g], self.cfg.mma_dtype)
+        return cute.arch.vote_all_sync(fits)
+
+    @cute.jit
+    def compute(self, regs, accs):
+        """compute_step on one loaded step: for MXFP4 with the scale fold where every scale of the warp's step fits it,
+        else the general path."""
+        if const_expr(self.cfg.fmt == "mxfp4" and self.cfg.mx_fold):
+            if self.fold_fits(regs):
+                self.compute_step(regs, accs, True)
+            else:
+                self.compute_step(regs, accs, False)
+        else:
+            self.compute_step(regs, accs, False)
+
+    @cute.jit
+    def compute_step(self, regs, accs, fold: bool):
+        """Decode and multiply one loaded step; MMA i of the step adds into accumulator set i % acc_sets. `fold`
+        (MXFP4): every scale of the step is in MX_FOLD's range; else MXFP4 takes the general path (bf16 MMAs)."""
         cfg = self.cfg
-        dt = cfg.mma_dtype
+        general = cfg.fmt == "mxfp4" and not fold
+        mma_dt = "bf16" if general else cfg.mma_dtype
+        # The decode's type, whose pair order x takes: the MMA's, but for x in fragment order, which comes paired for
+        # the kernel's mma_dtype (a general MXFP4 step with fp16 x then decodes as f16 and converts).
+        dt = cfg.mma_dtype if cfg.x_fragments else mma_dt
         pairs = PAIRS[dt]
         rW, rX, rS = regs
         # x as the MMA's B operand: MMA 2w + jj multiplies word w's pairs 2jj (slots 2c, 2c+1) and 2jj+1 (slots
@@ -554,7 +624,7 @@ class LinearW4A16:
                     bs = [prmt(u[a // 2], u[b // 2], x_pair_selector(a, b)) for a, b in pairs]
                 for jj in cutlass.range_constexpr(2):
                     b0, b1 = bs[2 * jj], bs[2 * jj + 1]
-                    if const_expr(cfg.split_x):
+                    if const_expr(cfg.split_x and general):
                         b0h, b0l = split_f16x2_to_bf16x2(b0)
                         b1h, b1l = split_f16x2_to_bf16x2(b1)
                         tile.append(((b0h, b1h), (b0l, b1l)))
@@ -562,16 +632,24 @@ class LinearW4A16:
                         tile.append(((b0, b1),))
             xb.append(tile)
         for g in cutlass.range_constexpr(cfg.groups):
-            sc = [scale_multipliers(cfg.fmt, dt, rS[h, g]) for h in range(2)]  # sc[half][word // 2]
+            if const_expr(cfg.fmt == "mxfp4" and fold):
+                sc = [(m, m) for m in (mx_fold_multiplier(rS[h, g], dt) for h in range(2))]
+            else:
+                sc = [scale_multipliers(cfg.fmt, dt, rS[h, g]) for h in range(2)]  # sc[half][word // 2]
             for w in cutlass.range_constexpr(4):
                 dec = [decode_word(rW[w, h, g], dt) for h in range(2)]
-                dec = [scale_codes(cfg.fmt, dt, dec[h], sc[h][w // 2]) for h in range(2)]
+                if const_expr(cfg.fmt == "mxfp4" and fold):
+                    dec = [[mul_x2(v, sc[h][0], dt) for v in dec[h]] for h in range(2)]
+                elif const_expr(general and dt == "fp16"):  # f16-placed codes as bf16 codes, then the scale
+                    dec = [[mul_x2(f16x2_to_bf16x2_times_64(v), sc[h][0], "bf16") for v in dec[h]] for h in range(2)]
+                else:
+                    dec = [scale_codes(cfg.fmt, dt, dec[h], sc[h][w // 2]) for h in range(2)]
                 for jj in cutlass.range_constexpr(2):
                     a = (dec[0][2 * jj], dec[1][2 * jj], dec[0][2 * jj + 1], dec[1][2 * jj + 1])
                     acc = accs[(2 * w + jj) % cfg.acc_sets]
                     for t in cutlass.range_constexpr(cfg.token_tiles):
                         for bb in xb[t][2 * w + jj]:
-                            r = mma_16816([acc[q, g, t] for q in range(4)], a, bb, dt)
+                            r = mma_16816([acc[q, g, t] for q in range(4)], a, bb, mma_dt)
                             for q in cutlass.range_constexpr(4):
                                 acc[q, g, t] = r[q]
 
@@ -608,10 +686,30 @@ class LinearW4A16:
         # in flight), a per-thread cp.async ring of W in shared memory, a producer warp's bulk-copy ring, and L2
         # prefetches a few steps ahead were all slower on the H200: the loop's issue slots and the warps that stay
         # resident decide, not bytes in flight (BENCHMARKS.md, "The W4A16 linear").
-        for st in cutlass.range(my_steps, unroll=cfg.unroll):
+        first = 0
+        if const_expr(cfg.fmt == "mxfp4" and cfg.mx_fold):
+            # MXFP4: steps with the scale fold (MX_FOLD) while every scale of the warp's step fits it. The first step
+            # that does not ends this loop; it is computed on the general path as loaded, and the loop below takes
+            # the rest on the general path. (Both paths in one loop body took 97 registers at one group and token
+            # tile, not 64: ptxas keeps both paths' values live.)
+            first = Int32(0)
+            folding = Int32(1)
+            fold_regs = self.make_regs()
+            while first < my_steps and folding != 0:
+                self.load_step(fold_regs, x_words, w_words, sf, (kq + first * k_lanes) * kp + part, rows, toks, c,
+                               True)
+                if self.fold_fits(fold_regs):
+                    self.compute_step(fold_regs, accs, True)
+                    first = first + 1
+                else:
+                    folding = Int32(0)
+            if folding == 0:  # the step that left the fold, loaded already
+                self.compute_step(fold_regs, accs, False)
+                first = first + 1
+        for st in cutlass.range(first, my_steps, unroll=cfg.unroll):
             step_regs = self.make_regs()
             self.load_step(step_regs, x_words, w_words, sf, (kq + st * k_lanes) * kp + part, rows, toks, c, True)
-            self.compute_step(step_regs, accs)
+            self.compute_step(step_regs, accs, False)
         if k % cfg.step_k != 0:
             # The last partial step (64 K elements, or with two parts 64, 128 or 192): a lane whose 32 codes lie
             # past K multiplies zeros.
@@ -619,7 +717,7 @@ class LinearW4A16:
                 regs = self.make_regs()
                 s_last = n_full * kp + part
                 self.load_step(regs, x_words, w_words, sf, s_last, rows, toks, c, s_last * STEP_K + 32 * c < k)
-                self.compute_step(regs, accs)
+                self.compute(regs, accs)
         if const_expr(cfg.acc_sets == 2):
             for i in cutlass.range_constexpr(4 * cfg.groups * cfg.token_tiles):
                 acc[i] = acc[i] + accs[1][i]

@@ -17,6 +17,8 @@ PTX_CASES = [
     dict(fmt="nvfp4", x_dtype="fp16", sf_kind="permuted", token_tiles=2, bias=True, global_scale=True, sf_dtype="e4m3"),
     dict(fmt="mxfp4", x_dtype="bf16", groups=2, k_warps=4),
     dict(fmt="mxfp4", x_dtype="fp16"),
+    dict(fmt="mxfp4", x_dtype="fp16", mx_fold=True),
+    dict(fmt="mxfp4", x_dtype="bf16", mx_fold=True, token_tiles=2, groups=2, k_warps=4),
     dict(fmt="nvfp4", x_dtype="bf16", max_registers=48),
     dict(fmt="nvfp4", x_dtype="bf16", sf_kind="permuted", token_tiles=2, k_warps=16, k_splits=8),
     dict(fmt="nvfp4", x_dtype="bf16", k_parts=2),
@@ -49,9 +51,15 @@ def test_ptx_facts(ptx, kw, arch):
     text = ptx(kw, arch)
     ab = "bf16" if cfg.mma_dtype == "bf16" else "f16"
     mma = f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32"
-    # Tensor cores fed from registers; one MMA per (8 codes x 2 rows) per token tile, twice for fp16 x as hi + lo.
+    # Tensor cores fed from registers; one MMA per (8 codes x 2 rows) per token tile.
     n_mma = text.count(mma)
-    assert n_mma % (8 * cfg.groups * cfg.token_tiles * (2 if cfg.split_x else 1)) == 0 and n_mma > 0
+    assert n_mma % (8 * cfg.groups * cfg.token_tiles) == 0 and n_mma > 0
+    # MXFP4: steps whose scales fit the scale fold (a warp vote) and the general path, both in the kernel; with fp16
+    # x the general path's MMAs are bf16, x as hi + lo (twice the MMAs).
+    assert ("vote.sync.all" in text) == (cfg.fmt == "mxfp4" and cfg.mx_fold)
+    if cfg.split_x and cfg.mx_fold:
+        n_bf16 = text.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
+        assert n_bf16 > 0 and n_bf16 % (2 * 8 * cfg.groups * cfg.token_tiles) == 0
     # W streams once: 16-byte loads that skip L1.
     assert "ld.global.L1::no_allocate.v4" in text
     # A register cap reaches ptxas as the minimum CTAs per SM.
@@ -61,6 +69,10 @@ def test_ptx_facts(ptx, kw, arch):
         assert ".minnctapersm" not in text
     # NVFP4 scales through the hardware e4m3 conversion; the f16 path decodes codes through it too.
     assert ("cvt.rn.f16x2.e4m3x2" in text) == (cfg.fmt == "nvfp4" or cfg.mma_dtype == "fp16")
+    # MXFP4's fold multiplier, 2^(s - 127) over the placed code's power of two, is one integer multiply-add.
+    if cfg.fmt == "mxfp4" and cfg.mx_fold:
+        k = 0x00800080 if cfg.mma_dtype == "bf16" else 0x04000400
+        assert str(k) in text or f"{k:#x}" in text.lower(), k
     # K split over a cluster: rank 0 reads the other CTAs' sums from their shared memory, between cluster barriers.
     assert (text.count("barrier.cluster.wait") == 2 and "ld.shared::cluster.f32" in text) == (cfg.k_splits > 1)
     # Two K parts a row: the odd lane's part reaches the even lane by one butterfly shuffle per stored pair.
@@ -236,11 +248,11 @@ def test_register_table_matches_ptxas(tmp_path):
 
     from registers import allocated_registers
 
-    def allocated(g, t, kw, cap=0, sets=1):
+    def allocated(g, t, kw, cap=0, sets=1, extra=""):
         return allocated_registers(
             "linear_w4a16", "LinearW4A16",
-            f"groups={g}, token_tiles={t}, k_warps={kw}, max_registers={cap}, acc_sets={sets}",
-            tmp_path / f"g{g}t{t}kw{kw}c{cap}a{sets}",
+            f"groups={g}, token_tiles={t}, k_warps={kw}, max_registers={cap}, acc_sets={sets}{extra}",
+            tmp_path / f"g{g}t{t}kw{kw}c{cap}a{sets}{len(extra)}",
         )
 
     for (g, t), table in kernels.REGISTERS.items():
@@ -252,6 +264,11 @@ def test_register_table_matches_ptxas(tmp_path):
     for (g, t), cap in kernels.CAPS.items():
         for kw in (4, 8):
             assert allocated(g, t, kw, cap) == cap, ((g, t), kw, cap)
+    # MXFP4's scale fold (fp16 x, as dispatched) holds two loops: within the table with mx_fold_cap's cap.
+    for (g, t), table in kernels.REGISTERS.items():
+        cap = kernels.mx_fold_cap(g, 4, t, "fp16", False)
+        got = allocated(g, t, 4, cap, extra=", fmt='mxfp4', x_dtype='fp16', mx_fold=True")
+        assert got <= table and (cap == 0 or got == cap), ((g, t), cap, got, table)
     # x in fragment order takes the same splits: its main kernel (and its first) must fit the same table.
     from registers import allocation, compiled_registers_all
 
@@ -342,7 +359,27 @@ def test_config_for_token_tiles_and_describe():
     assert kernels.config_for(9, 4096, 4096, "nvfp4", "swizzled", "fp16", True, True).token_tiles == 2
     assert kernels.config_for(9, 4096, 4096, "nvfp4", "swizzled", "fp16", True, True).sf_kind == "permuted"
     text = kernels.describe(40, 4096, 4096, "mxfp4", torch.float16)
-    assert "x as bf16 hi+lo" in text and "token tiles" in text
+    assert "scale folded" in text and "x as bf16 hi+lo" in text and "token tiles" in text
+
+
+def test_mx_fold_rule():
+    """MXFP4 with fp16 x takes the scale fold (mx_fold_for), its registers capped at the resident-warp model's where
+    it holds more than one group or token tile; bf16 x, NVFP4 and block columns do not."""
+    for m, n, k in [(1, 6144, 4096), (4, 6144, 4096), (16, 28672, 4096), (16, 4096, 14336), (1, 300, 4096)]:
+        cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "fp16", False, False)
+        assert cfg.mx_fold and cfg.mma_dtype == "fp16" and cfg.split_x
+        if (cfg.groups, cfg.token_tiles) != (1, 1) and cfg.k_splits == 1:
+            assert cfg.max_registers == kernels.REGISTERS[(cfg.groups, cfg.token_tiles)], cfg
+        assert "scale folded" in kernels.describe(m, n, k, "mxfp4", torch.float16)
+        for fmt, xd in (("mxfp4", "bf16"), ("nvfp4", "fp16")):
+            cfg = kernels.config_for(m, n, k, fmt, "plain", xd, False, False)
+            assert not cfg.mx_fold and cfg.mma_dtype == xd
+    assert not kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "fp16", False, False).mx_fold  # block columns
+    assert not kernels.config_for(4, 6144, 4096, "mxfp4", "plain", "fp16", False, False, mx_fold=False).mx_fold
+    assert kernels.config_for(4, 6144, 4096, "mxfp4", "plain", "bf16", False, False, mx_fold=True).mx_fold
+    for bad in (dict(fmt="nvfp4"), dict(block_columns=True)):
+        with pytest.raises(ValueError, match="mx_fold"):
+            kernels.LinearW4A16Config(**{"fmt": "mxfp4", "mx_fold": True, **bad})
 
 
 def test_block_columns_rule():
@@ -359,9 +396,11 @@ def test_block_columns_rule():
     assert not kernels.config_for(3, *big, "mxfp4", "plain", "bf16", False, False).block_columns
     assert not kernels.config_for(1, *big, "nvfp4", "plain", "bf16", False, False).block_columns
     assert not kernels.config_for(1, 8192 - 128, 6144, "mxfp4", "plain", "bf16", False, False).block_columns
-    # fp16 x: from 12 MB (the default kernel multiplies MXFP4 by fp16 x as bf16 hi + lo, twice the MMAs)
-    assert kernels.config_for(1, 6144, 4096, "mxfp4", "plain", "fp16", False, False).block_columns
-    assert not kernels.config_for(1, 6144, 4096, "mxfp4", "plain", "bf16", False, False).block_columns
+    # fp16 x: the same cut (the default kernel takes fp16 x as it is with the scale fold)
+    assert kernels.COLUMNS_MIN_WEIGHT_BYTES["fp16"] == kernels.COLUMNS_MIN_WEIGHT_BYTES["bf16"]
+    assert kernels.config_for(1, *big, "mxfp4", "plain", "fp16", False, False).block_columns
+    for xd in ("bf16", "fp16"):
+        assert not kernels.config_for(1, 6144, 4096, "mxfp4", "plain", xd, False, False).block_columns
     assert not kernels.config_for(1, 2048, 768, "mxfp4", "plain", "fp16", False, False).block_columns
     assert not kernels.block_columns_for(1, 12288, 4096, "mxfp4", 132)  # its columns split is two-group CTAs
     assert not kernels.config_for(1, *big, "mxfp4", "plain", "bf16", False, False, k_warps=4).block_columns
@@ -506,6 +545,39 @@ def test_full_range_against_reference(fmt, layout, dtype, m, n, k):
     bias = torch.randn(n).to(dtype).cuda()
     y = _run(x, w.cuda(), scale.cuda(), fmt, layout, gs, bias)
     _check(y, x, w.cuda(), plain, fmt, gs, bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("scales", ["fit", "mixed", "full"])
+@pytest.mark.parametrize("m,n,k,override", [(1, 300, 4096, {}), (4, 256, 2880, {}), (8, 200, 7168, {}),
+                                            (16, 512, 4160, {}), (12, 640, 8192, dict(x_fragments=True)),
+                                            (16, 384, 4096, dict(groups=2, k_warps=4))], ids=str)
+def test_mxfp4_scale_fold(dtype, scales, m, n, k, override):
+    """MXFP4's scale fold (MX_FOLD: one multiply a placed pair where a warp's step has every scale in range, bf16 up
+    to 2^1, f16 from 2^-20 to 2^9) against the reference and against the general path on every step (mx_fold
+    False): scales all in range, in range but for a few blocks scattered over K and rows (warps leave the fold in
+    mid-K), and over the full test range (most steps general). With bf16 x both paths multiply the same exact
+    products in the same order: bit-identical."""
+    from cute_kernels.linear_w4a16 import MX_FOLD
+
+    g = torch.Generator().manual_seed(k + m)
+    w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    key = "bf16" if dtype == torch.bfloat16 else "fp16"
+    lo, hi = {"fit": (max(MX_FOLD[key][2], 112), MX_FOLD[key][3]), "mixed": (118, 128), "full": (90, 165)}[scales]
+    sf = torch.randint(lo, hi + 1, (n, k // 32), dtype=torch.uint8, generator=g)
+    if scales == "mixed":
+        rows = torch.randint(0, n, (6,), generator=g)
+        cols = torch.randint(k // 64, k // 32, (6,), generator=g)  # the second half of K
+        sf[rows, cols] = torch.tensor([90, 150, 160, 100, 140, 95], dtype=torch.uint8)
+    x = torch.randn(m, k, generator=g).to(dtype).cuda()
+    y = _run(x, w.cuda(), sf.cuda(), "mxfp4", "plain", mx_fold=True, **override)
+    y_general = _run(x, w.cuda(), sf.cuda(), "mxfp4", "plain", mx_fold=False, **override)
+    _check(y, x, w.cuda(), sf, "mxfp4")
+    _check(y_general, x, w.cuda(), sf, "mxfp4")
+    if dtype == torch.bfloat16:
+        assert torch.equal(y, y_general)
+    assert torch.equal(y, _run(x, w.cuda(), sf.cuda(), "mxfp4", "plain", mx_fold=True, **override))
 
 
 @pytest.mark.gpu
@@ -736,6 +808,11 @@ def test_x_fragments(fmt, layout, dtype, k):
         y = _run(x, w, scale, fmt, layout, gs, b, x_fragments=True, **cfg)
         _check(y, x, w, plain, fmt, gs, b)
         base = _run(x, w, scale, fmt, layout, gs, b, x_fragments=False, **cfg)
+        _check(base, x, w, plain, fmt, gs, b)
+        if fmt == "mxfp4" and dtype == torch.float16:
+            # The scale fold's general steps (scales out of its range) decode in f16 pair order with x in fragment
+            # order and in bf16 pair order without: K meets the MMAs in another order, so the bits may differ.
+            continue
         assert torch.equal(y.view(torch.int16), base.view(torch.int16)), (m, cfg)
     first = _run(x, w, scale, fmt, layout, gs, x_fragments=True)
     for _ in range(20):

@@ -31,13 +31,17 @@ def weight_bytes(n: int, k: int, fmt: str) -> int:
     return n * k // 2 + n * k // (16 if fmt == "nvfp4" else 32)
 
 
+# The e8m0 bytes (least, most) MXFP4 scales are drawn from: 2^-9 to 2^3, finite outputs for the cuBLAS dequant.
+MXFP4_SCALES = (118, 130)
+
+
 def random_weights(n: int, k: int, fmt: str, device="cuda"):
     """Codes over the full e2m1 range with moderate scales (finite outputs for the cuBLAS dequant)."""
     w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device)
     if fmt == "nvfp4":
         sf = torch.randint(0x28, 0x41, (n, k // 16), dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
     else:
-        sf = torch.randint(118, 131, (n, k // 32), dtype=torch.uint8, device=device)
+        sf = torch.randint(MXFP4_SCALES[0], MXFP4_SCALES[1] + 1, (n, k // 32), dtype=torch.uint8, device=device)
     return w, sf
 
 
@@ -122,6 +126,47 @@ def x_fragments_ab(shapes=SHAPES, tokens=(1, 2, 3, 4, 8, 12, 16), formats=FORMAT
                            fragments_over_default=round(times["fragments"] / times["default"], 4))
                 rows.append(row)
                 log(" ".join(f"{key}={val}" for key, val in row.items()))
+    if csv_path:
+        write_csv(rows, csv_path)
+    return rows
+
+
+def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), rounds=2, csv_path=None, log=print):
+    """µs per call of MXFP4 with fp16 x at every (shape, M, scale range): the dispatched config (the scale fold, its
+    registers capped by `kernels.mx_fold_cap`) against the same split on the general path (mx_fold False, uncapped),
+    alternately `rounds` times, the best of each; with the read of the same bytes: the data behind
+    `kernels.MX_FOLD_X_DTYPES`. `scales`: (least, most) e8m0 bytes, drawn uniformly; the default pair is what
+    checkpoints hold (2^-15 to 2^1) and the whole range (every warp's step leaves the fold)."""
+    global MXFP4_SCALES
+    from nvfp4_gemv.linear import kernels
+
+    fields = ("groups", "k_warps", "max_registers", "k_splits", "k_parts", "token_tiles", "x_fragments",
+              "block_columns", "acc_sets", "m_major", "mx_fold")
+    rows, kept = [], MXFP4_SCALES
+    try:
+        for n, k in shapes:
+            read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
+            for MXFP4_SCALES in scales:
+                for m in tokens:
+                    cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "fp16", False, False)
+                    if not cfg.mx_fold:  # block columns
+                        continue
+                    fold = {f: getattr(cfg, f) for f in fields}
+                    cap = kernels.mx_fold_cap(cfg.groups, cfg.k_warps, cfg.token_tiles, "fp16", cfg.x_fragments)
+                    general = dict(fold, mx_fold=False, max_registers=0 if cap else cfg.max_registers)
+                    times = {"general": math.inf, "fold": math.inf}
+                    for _ in range(rounds):
+                        for name, ov in (("general", general), ("fold", fold)):
+                            times[name] = min(times[name], _time(lambda: ours(n, k, m, "mxfp4", torch.float16, **ov)))
+                    row = dict(n=n, k=k, m=m, x="fp16", scales=f"{MXFP4_SCALES[0]}-{MXFP4_SCALES[1]}",
+                               read_us=round(read, 3), general_us=round(times["general"], 3),
+                               fold_us=round(times["fold"], 3),
+                               fold_over_general=round(times["fold"] / times["general"], 4),
+                               config=kernels.describe(m, n, k, "mxfp4", torch.float16).split("MMA, ")[-1])
+                    rows.append(row)
+                    log(" ".join(f"{key}={val}" for key, val in row.items()))
+    finally:
+        MXFP4_SCALES = kept
     if csv_path:
         write_csv(rows, csv_path)
     return rows

@@ -305,8 +305,12 @@ def acc_sets_for(groups: int, token_tiles: int, fmt: str, x_dtype: str) -> int:
 # With fp16 x the default kernel runs MXFP4 as bf16 hi + lo, twice the MMAs (2.1-2.6 x the read at 1-2 tokens), and
 # block columns take fp16 x as it is: 1.33-1.62 x on the 7 shapes of 12.6 MB and more (6144 x 4096 2.09 -> 1.53;
 # docs/linear_h200_block_columns_fp16.csv), slower only on 2048 x 768 (0.8 MB: 1.40 -> 1.95, where the default
-# kernel takes two K parts). Weights between those two were not measured; the cut is the smallest win.
-COLUMNS_MIN_WEIGHT_BYTES = {"bf16": 24 << 20, "fp16": 12 << 20}
+# kernel takes two K parts). With the scale fold (mx_fold_for), which takes fp16 x as it is on steps whose scales fit,
+# the default kernel at 1-2 tokens was 0.94-0.98 of block columns' time on 12-16 MB of codes (6144 x 4096: 7.50
+# against 8.00 us; 4096 x 7168, 4096 x 8192) and 0.99-1.26 x it from 20 MB (5120 x 8192 1.14, 8192 x 8192
+# 1.07-1.09, 28672 x 4096 1.26; docs/linear_h200_mx_fold_first.csv, docs/linear_h200_mx_fold_columns.csv): the cut is
+# the smallest loss.
+COLUMNS_MIN_WEIGHT_BYTES = {"bf16": 24 << 20, "fp16": 20 << 20}
 
 
 def block_columns_for(m: int, n: int, k: int, fmt: str, sms: int, x_dtype: str = "bf16") -> bool:
@@ -341,6 +345,39 @@ def x_fragments_for(m: int, n: int, k: int, fmt: str, x_dtype: str = "bf16") -> 
     return least is not None and n * k // 2 >= least
 
 
+# MXFP4's scale fold (LinearW4A16Config.mx_fold; cute_kernels/linear_w4a16.py, MX_FOLD): a warp's step whose
+# scales all fit (bf16: at most 2^1; f16: 2^-20 to 2^9) multiplies each placed pair by one multiplier, and with fp16 x
+# runs f16 MMAs on x as it is instead of bf16 ones on x as a hi + lo pair (half the MMAs); the first step with a scale
+# outside sends the warp to the general path for the rest of its K. On sm_90a the fold's loop is 192 instructions a
+# step with fp16 x against 402 (bf16 x: 207 against 233), and the kernel holds both loops, so more registers where a
+# thread has more than one group or token tile (fp16 x: 120 at two groups, 95 at two token tiles, 162-168 at both):
+# mx_fold_cap caps them at the resident-warp model's. Graph-timed on the H200, the dispatched config against the same
+# split on the general path (bench.mx_fold_ab; docs/linear_h200_mx_fold.csv, BENCHMARKS.md "MXFP4's scale fold"),
+# fp16 x, M = 1-16: with scales of 2^-15..2^1 (what checkpoints hold) 0.48-0.96 of the time over 59 points, 0.72
+# geomean on 8 random shapes drawn for the run (4992 x 7040 at 16 tokens: 24.4 -> 12.9 us); with scales over the
+# whole e8m0 range (every warp leaves the fold at its first step) 1.01-1.25 x, 1.16 geomean over 22 points. With bf16
+# x (docs/linear_h200_mx_fold_bf16.csv, 3 shapes, M = 1, 4, 16) the fold, capped, was 0.90-1.07 with checkpoint
+# scales and 1.02-1.10 over the whole range: not taken.
+MX_FOLD_X_DTYPES = ("fp16",)
+
+
+def mx_fold_for(fmt: str, x_dtype: str) -> bool:
+    """Whether MXFP4 with x_dtype takes the scale fold (MX_FOLD_X_DTYPES)."""
+    return fmt == "mxfp4" and x_dtype in MX_FOLD_X_DTYPES
+
+
+def mx_fold_cap(groups: int, k_warps: int, token_tiles: int, x_dtype: str, fragments: bool) -> int:
+    """The register cap that keeps a split with the scale fold at the registers the resident-warp model counts for
+    it (REGISTERS, FRAGMENT_REGISTERS), or 0 where the fold needs no cap (one group, one token tile) or a cap would
+    leave fewer than 2 CTAs an SM."""
+    regs = REGISTERS[(groups, token_tiles)]
+    if fragments:
+        regs = FRAGMENT_REGISTERS.get((groups, token_tiles, x_dtype), regs)
+    if (groups, token_tiles) == (1, 1) or REGISTER_FILE // (regs * 32 * k_warps) < 2:
+        return 0
+    return regs
+
+
 def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str, bias: bool, global_scale: bool,
                sms: int = H200_SMS, **override):
     """The kernel config for one call shape: the token tiles from token_tiles_for, the split from choose_split, and
@@ -353,7 +390,10 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     if fragments is None:
         fragments = set(override) <= {"sf_dtype", "block_columns"} and not columns and x_fragments_for(
             m, n, k, fmt, x_dtype)
-    override = {**override, "block_columns": columns, "x_fragments": fragments}
+    fold = override.get("mx_fold")
+    if fold is None:
+        fold = not columns and mx_fold_for(fmt, x_dtype)
+    override = {**override, "block_columns": columns, "x_fragments": fragments, "mx_fold": fold}
     parts = 1 if columns else override.get("k_parts") or k_parts_for(m, n, k, sms)
     token_tiles = 1 if columns else override.get("token_tiles") or (1 if parts == 2 else token_tiles_for(m, n, k))
     split_x = fmt == "mxfp4" and x_dtype == "fp16"  # x as a bf16 hi + lo pair: keeps the two-group test
@@ -368,6 +408,8 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
                k_splits=splits, m_major=m_major, k_parts=parts,
                acc_sets=1 if columns else acc_sets_for(override.get("groups", groups), token_tiles, fmt, x_dtype))
     cfg.update(override)
+    if fold and not cfg["max_registers"] and cfg["k_splits"] == 1:
+        cfg["max_registers"] = mx_fold_cap(cfg["groups"], cfg["k_warps"], cfg["token_tiles"], x_dtype, fragments)
     return LinearW4A16Config(**cfg)
 
 
@@ -493,7 +535,11 @@ def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layou
         return (f"dequantize_fp4 {fmt} -> {xd} in chunks of at most {prefill.chunk_rows(n, k)} rows, then cuBLAS "
                 f"(torch.mm, fp32 sums): M >= {prefill.PREFILL_MIN_TOKENS}")
     cfg = config_for(m, n, k, fmt, scale_layout, xd, False, False, sms, **override)
-    path = "tensor cores (mma.sync m16n8k16)" + (", x as bf16 hi+lo" if cfg.split_x else "")
+    path = "tensor cores (mma.sync m16n8k16)"
+    if cfg.mx_fold:
+        path += ", the scale folded into one multiply where a step's scales fit, else bf16"
+    if cfg.split_x:
+        path += (" with" if cfg.mx_fold else ",") + " x as bf16 hi+lo"
     if cfg.block_columns:
         path += ", block columns (x prepared as f16 by a first kernel, block scales after the MMA)"
     if cfg.x_fragments:
