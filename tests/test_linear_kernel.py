@@ -153,11 +153,11 @@ def test_split_rules_measured_on_shapes_no_file_named():
         assert kernels.x_fragments_for(m, 28672, 4096, "nvfp4") and kernels.x_fragments_for(m, 10240, 8192, "mxfp4")
         assert split(m, 28672, 4096)[:2] == (1, 2) and split(m, 10240, 8192, "mxfp4")[:2] == (1, 4)
         assert split(m, 8192, 28672)[:2] == (2, 8)
-        # MXFP4 with fp16 x (x as a bf16 hi + lo pair) keeps the two-group test: one group was 1.27-1.29 x slower
-        # on 22315 x 15680 and 22861 x 20288 (docs/linear_h200_m16_x_fragments_split_heldout.csv).
+        # MXFP4 with fp16 x takes the same rule with the scale fold (one group 0.82-0.89 of two's time at 10-16
+        # tokens, docs/linear_h200_mx_fold_rules.csv), its registers capped at the model's 80.
         mx16 = kernels.config_for(m, 22315, 15680, "mxfp4", "plain", "fp16", False, False, 132)
         nv16 = kernels.config_for(m, 22315, 15680, "nvfp4", "plain", "fp16", False, True, 132)
-        assert mx16.x_fragments and (mx16.groups, mx16.k_warps) == (2, 2)
+        assert mx16.x_fragments and (mx16.groups, mx16.k_warps, mx16.max_registers) == (1, 2, 80)
         assert nv16.x_fragments and (nv16.groups, nv16.k_warps) == (1, 2)
 
 
@@ -315,7 +315,8 @@ def test_two_accumulator_sets_only_where_registers_are_already_counted_at_128():
     assert "acc_sets=2" in kernels.describe(16, 8192, 28672, "nvfp4", "bf16")
     own = kernels.config_for(16, 28672, 4096, "nvfp4", "plain", "bf16", False, True, x_fragments=False)
     assert (own.groups, own.token_tiles, own.acc_sets) == (2, 2, 2)
-    assert kernels.config_for(16, 28672, 4096, "mxfp4", "plain", "fp16", False, False).acc_sets == 1
+    mx = kernels.config_for(16, 28672, 4096, "mxfp4", "plain", "fp16", False, False)
+    assert (mx.groups, mx.token_tiles, mx.acc_sets) == (2, 2, 1)
     assert kernels.config_for(16, 8192, 28672, "mxfp4", "plain", "bf16", False, False).acc_sets == 2
     for m in (1, 2, 4, 8):
         assert kernels.config_for(m, 28672, 4096, "nvfp4", "plain", "bf16", False, True).acc_sets == 1, m
@@ -396,9 +397,11 @@ def test_block_columns_rule():
     assert not kernels.config_for(3, *big, "mxfp4", "plain", "bf16", False, False).block_columns
     assert not kernels.config_for(1, *big, "nvfp4", "plain", "bf16", False, False).block_columns
     assert not kernels.config_for(1, 8192 - 128, 6144, "mxfp4", "plain", "bf16", False, False).block_columns
-    # fp16 x: the same cut (the default kernel takes fp16 x as it is with the scale fold)
-    assert kernels.COLUMNS_MIN_WEIGHT_BYTES["fp16"] == kernels.COLUMNS_MIN_WEIGHT_BYTES["bf16"]
-    assert kernels.config_for(1, *big, "mxfp4", "plain", "fp16", False, False).block_columns
+    # fp16 x: from 20 MB (below, the default kernel with the scale fold is faster)
+    assert kernels.COLUMNS_MIN_WEIGHT_BYTES["fp16"] == 5120 * 8192 // 2
+    for m in (1, 2):
+        assert kernels.config_for(m, 5120, 8192, "mxfp4", "plain", "fp16", False, False).block_columns
+        assert not kernels.config_for(m, 4096, 8192, "mxfp4", "plain", "fp16", False, False).block_columns
     for xd in ("bf16", "fp16"):
         assert not kernels.config_for(1, 6144, 4096, "mxfp4", "plain", xd, False, False).block_columns
     assert not kernels.config_for(1, 2048, 768, "mxfp4", "plain", "fp16", False, False).block_columns
@@ -438,8 +441,8 @@ def test_x_fragments_ptx_facts(tmp_path, arch, kw):
 
 def test_x_fragments_rule():
     """x_fragments_for: never at 1-2 tokens; from 28 MB of codes at 3-4 tokens, 8 MB at 5-8, 6 MB at 9 and more (the
-    cuts between the measured losses and wins), MXFP4 with fp16 x from 9 tokens only; one answer a token class; not
-    with block columns or a config override."""
+    cuts between the measured losses and wins), for either x dtype and format; one answer a token class; not with
+    block columns or a config override."""
     mb = 1 << 20
     cases = [(1, 8192, 28672, False), (2, 28672, 4096, False), (3, 4096, 14336, True), (4, 4096, 7168, False),
              (3, 28 * mb // 4096 * 2 - 2, 4096, False), (5, 4096, 4096, True), (8, 5760, 2880, False),
@@ -448,9 +451,8 @@ def test_x_fragments_rule():
         assert kernels.x_fragments_for(m, n, k, "nvfp4") is want, (m, n, k)
         assert kernels.config_for(m, n, k, "mxfp4", "plain", "bf16", False, False).x_fragments is want, (m, n, k)
     assert not kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "bf16", False, False).x_fragments  # columns
-    assert not kernels.x_fragments_for(8, 8192, 28672, "mxfp4", "fp16")  # x split into bf16 hi + lo
-    assert kernels.x_fragments_for(9, 8192, 28672, "mxfp4", "fp16") and kernels.x_fragments_for(8, 8192, 28672,
-                                                                                                 "nvfp4", "fp16")
+    for m in (3, 8, 9):
+        assert kernels.config_for(m, 8192, 28672, "mxfp4", "plain", "fp16", False, False).x_fragments, m
     assert not kernels.config_for(8, 8192, 28672, "nvfp4", "plain", "bf16", False, False, k_warps=4).x_fragments
     assert kernels.config_for(8, 64, 64, "nvfp4", "plain", "bf16", False, False, x_fragments=True).x_fragments
     with pytest.raises(ValueError, match="x_fragments"):

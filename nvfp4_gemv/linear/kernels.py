@@ -116,7 +116,9 @@ BALANCED = 0.8
 # random seeded 9090, codes of 6-400 MB, every third with fp16 x; the 13 whose split this changes, M = 9, 12, 16 and 32,
 # both formats, 104 points): 0.885 of the old split's time over the 72 points at 9-16 tokens with bf16 x or NVFP4
 # (0.79-0.97), and at 32 tokens 0.86-1.08; MXFP4 with fp16 x (x split into a bf16 hi + lo pair, 80 registers a
-# thread at one group) was 1.27-1.29 x slower, so it keeps the two-group test (an exception set on that run).
+# thread at one group) was 1.27-1.29 x slower and kept the two-group test; with the scale fold (mx_fold_for) the
+# rule's one-group split took 0.82-0.89 of the two-group split's time at 10-16 tokens on the 3 shapes of the suite and
+# drawn for that run where the two differ (docs/linear_h200_mx_fold_rules.csv), so it takes the rule too.
 TWO_GROUPS_MIN_CHAIN = 12
 TWO_GROUPS_MIN_FILL = 0.6
 TWO_GROUPS_MAX_K_WARPS = 4
@@ -286,7 +288,9 @@ def k_parts_for(m: int, n: int, k: int, sms: int) -> int:
 # the 12-shape suite at M = 1, 4, 16, both formats): slower wherever the added registers cost resident warps (up to
 # 43 % on 28672 x 4096 at M = 1, where 2-group CTAs at 72 registers go to 80), and 4-10 % faster on the 16-token
 # CTAs of two groups, whose registers the resident-warp model already counts at 128 (28672 x 4096 and 14336 x 4096
-# at M = 16). MXFP4 with fp16 x (x as bf16 hi + lo, twice the MMAs) goes to 143 registers there, so it keeps one.
+# at M = 16). MXFP4 with fp16 x keeps one: on the general path (x as bf16 hi + lo, twice the MMAs) two sets take 143
+# registers, and with the scale fold (registers capped at 128) two sets were 0.99-1.06 x one set's time at 10-16
+# tokens, 1.03 on geomean over 15 points (docs/linear_h200_mx_fold_rules.csv).
 # Checked on 10 shapes at M = 12-64, 8 of them new (docs/linear_h200_acc_sets_check.csv): 0.931 of one set's time
 # over the 90 points that take two sets (0.937 on the new shapes), worst 1.031 (8-k-warp CTAs, NVFP4).
 def acc_sets_for(groups: int, token_tiles: int, fmt: str, x_dtype: str) -> int:
@@ -329,18 +333,17 @@ def block_columns_for(m: int, n: int, k: int, fmt: str, sms: int, x_dtype: str =
 # order"): the cut on the weight's codes (N·K/2 bytes) lies between the largest loss and the smallest win of each
 # token class: 3-4 tokens from 28 MB (14 MB lost 1-4 %; 28-112 MB 0.87-1.02), 5-8 from 8 MB (7.9 MB lost 1-5 %,
 # 8-112 MB 0.79-1.00), 9-16 from 6 MB (4 MB lost 1-9 %, 7.9-112 MB 0.78-1.01); at 1-2 tokens never (0.96-1.38).
-# MXFP4 with fp16 x (x split into a bf16 hi + lo pair, twice the MMAs) keeps the default kernel up to 8 tokens: on
-# 12 shapes drawn after the cuts were set (docs/linear_h200_x_fragments_heldout.csv) those points were the only
-# losses over 3 % (1.06-1.14 at 3 and 6 tokens, 18-180 MB), while at 10 and 16 tokens they won like the rest.
+# MXFP4 with fp16 x, when every step took x as a bf16 hi + lo pair (twice the MMAs), lost 6-14 % at 3 and 6 tokens
+# on 12 shapes drawn after the cuts were set (docs/linear_h200_x_fragments_heldout.csv) and kept the default kernel
+# up to 8 tokens; with the scale fold (mx_fold_for), the same cuts took 0.92 of the default kernel's time on geomean
+# at 3-8 tokens over 46 points of the 12 suite shapes and 8 drawn for the run (docs/linear_h200_mx_fold_rules.csv;
+# worst 1.16, 8192 x 28672 at 6 tokens), so it takes them too.
 X_FRAGMENTS_MIN_CODE_BYTES = ((2, None), (4, 28 << 20), (8, 8 << 20), (16, 6 << 20))  # (up to M, bytes or None)
-X_FRAGMENTS_SPLIT_X_MIN_TOKENS = 9
 
 
 def x_fragments_for(m: int, n: int, k: int, fmt: str, x_dtype: str = "bf16") -> bool:
     """Whether M tokens of N x K take x in fragment order: from X_FRAGMENTS_MIN_CODE_BYTES of M's token class (past
-    16 tokens, as at 16: every CTA is a 16-token one), and MXFP4 with fp16 x only from 9 tokens."""
-    if fmt == "mxfp4" and x_dtype == "fp16" and m < X_FRAGMENTS_SPLIT_X_MIN_TOKENS:
-        return False
+    16 tokens, as at 16: every CTA is a 16-token one)."""
     least = next((b for top, b in X_FRAGMENTS_MIN_CODE_BYTES if m <= top), X_FRAGMENTS_MIN_CODE_BYTES[-1][1])
     return least is not None and n * k // 2 >= least
 
@@ -396,9 +399,8 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     override = {**override, "block_columns": columns, "x_fragments": fragments, "mx_fold": fold}
     parts = 1 if columns else override.get("k_parts") or k_parts_for(m, n, k, sms)
     token_tiles = 1 if columns else override.get("token_tiles") or (1 if parts == 2 else token_tiles_for(m, n, k))
-    split_x = fmt == "mxfp4" and x_dtype == "fp16"  # x as a bf16 hi + lo pair: keeps the two-group test
     _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, fmt if columns else "",
-                                                x_dtype if fragments and not split_x else "")
+                                                x_dtype if fragments else "")
     # An override of the split (sweeps, tests) means that split on its own, unless it names k_splits too.
     if any(f in override for f in ("groups", "k_warps", "max_registers")):
         splits = 1
