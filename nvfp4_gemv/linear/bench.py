@@ -146,7 +146,8 @@ def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), roun
     try:
         for n, k in shapes:
             read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
-            for MXFP4_SCALES in scales:
+            for drawn in scales:
+                MXFP4_SCALES = drawn  # random_weights draws from it
                 for m in tokens:
                     cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "fp16", False, False)
                     if not cfg.mx_fold:  # block columns
