@@ -582,17 +582,17 @@ class LinearW4A16:
     @cute.jit
     def fold_fits(self, regs):
         """MXFP4: whether every scale of this warp's loaded step is in MX_FOLD's range (a warp vote)."""
-        fits = mx_fold_fits(regs[2][0, 0], self.cfg.mma_dtype)
-        for g in cutlass.range_constexpr(self.cfg.groups):
-            for h in cutlass.range_constexpr(2):
-                fits = fits & mx_fold_fits(regs[2][h, g], self.cfg.mma_dtype)
+        scales = [regs[2][h, g] for g in range(self.cfg.groups) for h in range(2)]
+        fits = mx_fold_fits(scales[0], self.cfg.mma_dtype)
+        for s in scales[1:]:
+            fits = fits & mx_fold_fits(s, self.cfg.mma_dtype)
         return cute.arch.vote_all_sync(fits)
 
     @cute.jit
     def compute(self, regs, accs):
         """compute_step on one loaded step: for MXFP4 with the scale fold where every scale of the warp's step fits it,
         else the general path."""
-        if const_expr(self.cfg.fmt == "mxfp4" and self.cfg.mx_fold):
+        if const_expr(self.cfg.mx_fold):
             if self.fold_fits(regs):
                 self.compute_step(regs, accs, True)
             else:
@@ -632,14 +632,14 @@ class LinearW4A16:
                         tile.append(((b0, b1),))
             xb.append(tile)
         for g in cutlass.range_constexpr(cfg.groups):
-            if const_expr(cfg.fmt == "mxfp4" and fold):
-                sc = [(m, m) for m in (mx_fold_multiplier(rS[h, g], dt) for h in range(2))]
+            if const_expr(fold):
+                sc = [mx_fold_multiplier(rS[h, g], dt) for h in range(2)]
             else:
                 sc = [scale_multipliers(cfg.fmt, dt, rS[h, g]) for h in range(2)]  # sc[half][word // 2]
             for w in cutlass.range_constexpr(4):
                 dec = [decode_word(rW[w, h, g], dt) for h in range(2)]
-                if const_expr(cfg.fmt == "mxfp4" and fold):
-                    dec = [[mul_x2(v, sc[h][0], dt) for v in dec[h]] for h in range(2)]
+                if const_expr(fold):
+                    dec = [[mul_x2(v, sc[h], dt) for v in dec[h]] for h in range(2)]
                 elif const_expr(general and dt == "fp16"):  # f16-placed codes as bf16 codes, then the scale
                     dec = [[mul_x2(f16x2_to_bf16x2_times_64(v), sc[h][0], "bf16") for v in dec[h]] for h in range(2)]
                 else:
@@ -687,7 +687,7 @@ class LinearW4A16:
         # prefetches a few steps ahead were all slower on the H200: the loop's issue slots and the warps that stay
         # resident decide, not bytes in flight (BENCHMARKS.md, "The W4A16 linear").
         first = 0
-        if const_expr(cfg.fmt == "mxfp4" and cfg.mx_fold):
+        if const_expr(cfg.mx_fold):
             # MXFP4: steps with the scale fold (MX_FOLD) while every scale of the warp's step fits it. The first step
             # that does not ends this loop; it is computed on the general path as loaded, and the loop below takes
             # the rest on the general path. (Both paths in one loop body took 97 registers at one group and token

@@ -42,17 +42,24 @@ FRAGMENT_REGISTERS = {(1, 2, "bf16"): 72}
 COLUMN_REGISTERS = {("mxfp4", 1): 64, ("mxfp4", 2): 80, ("nvfp4", 1): 72, ("nvfp4", 2): 80}
 
 
+def model_registers(groups: int, token_tiles: int, columns: str = "", fragments: str = "") -> int:
+    """Registers a thread of this config, as the resident-warp model counts them: `columns` (a format): of the
+    block-columns kernel (COLUMN_REGISTERS); `fragments` (x's dtype): with x in fragment order (FRAGMENT_REGISTERS
+    where it counts fewer); else REGISTERS."""
+    if columns:
+        return COLUMN_REGISTERS[(columns, groups)]
+    regs = REGISTERS[(groups, token_tiles)]
+    if fragments:
+        regs = FRAGMENT_REGISTERS.get((groups, token_tiles, fragments), regs)
+    return regs
+
+
 def resident_warps(groups: int, k_warps: int, token_tiles: int, cap: int = 0, columns: str = "",
                    fragments: str = "") -> int:
     """Warps of this config one SM holds at once (registers, CTA and warp limits; the GEMV's model, one CTA being
     k_warps warps); `columns` (a format): of the block-columns kernel; `fragments` (x's dtype): with x in fragment
     order."""
-    regs = REGISTERS[(groups, token_tiles)]
-    if columns:
-        regs = COLUMN_REGISTERS[(columns, groups)]
-    elif fragments:
-        regs = FRAGMENT_REGISTERS.get((groups, token_tiles, fragments), regs)
-    return ctas_per_sm(cap or regs, k_warps) * k_warps
+    return ctas_per_sm(cap or model_registers(groups, token_tiles, columns, fragments), k_warps) * k_warps
 
 
 def k_steps(k: int) -> int:
@@ -373,9 +380,7 @@ def mx_fold_cap(groups: int, k_warps: int, token_tiles: int, x_dtype: str, fragm
     """The register cap that keeps a split with the scale fold at the registers the resident-warp model counts for
     it (REGISTERS, FRAGMENT_REGISTERS), or 0 where the fold needs no cap (one group, one token tile) or a cap would
     leave fewer than 2 CTAs an SM."""
-    regs = REGISTERS[(groups, token_tiles)]
-    if fragments:
-        regs = FRAGMENT_REGISTERS.get((groups, token_tiles, x_dtype), regs)
+    regs = model_registers(groups, token_tiles, fragments=x_dtype if fragments else "")
     if (groups, token_tiles) == (1, 1) or REGISTER_FILE // (regs * 32 * k_warps) < 2:
         return 0
     return regs
