@@ -251,11 +251,14 @@ def _cmd_bench_linear(args) -> int:
             print(f"  {n} x {k}: nvfp4 {LB.weight_bytes(n, k, 'nvfp4') / 1e6:.2f} MB, "
                   f"mxfp4 {LB.weight_bytes(n, k, 'mxfp4') / 1e6:.2f} MB")
         return 0
+    import torch
+
     print("host time a call (4096 x 4096, M = 1, calls back to back):", flush=True)
     LB.host_table(log=lambda s: print(s, flush=True))
-    LB.run(peers=not args.no_baselines, csv_path=out / "linear.csv", plot_path=out / "linear.png",
-           log=lambda s: print(s, flush=True))
-    print(f"wrote {out / 'linear.csv'} and {out / 'linear.png'}")
+    stem = "linear" if args.x_dtype == "bf16" else f"linear_{args.x_dtype}"
+    LB.run(peers=not args.no_baselines, csv_path=out / f"{stem}.csv", plot_path=out / f"{stem}.png",
+           log=lambda s: print(s, flush=True), dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[args.x_dtype])
+    print(f"wrote {out / (stem + '.csv')} and {out / (stem + '.png')}")
     return 0
 
 
@@ -425,8 +428,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder for bench.csv and roofline.png (default: bench-out)")
     b.add_argument("--no-baselines", action="store_true", help="time nvfp4-gemv only")
     b.add_argument("--linear", action="store_true",
-                   help="the W4A16 linear (bf16 x, NVFP4 and MXFP4 weights, M = 1..16) against the read of its "
-                        "bytes, quack gemm_w4a16 and cuBLAS bf16; writes linear.csv and linear.png")
+                   help="the W4A16 linear (NVFP4 and MXFP4 weights, M = 1..16) against the read of its bytes, quack "
+                        "gemm_w4a16 and cuBLAS in x's dtype; writes linear.csv and linear.png (linear_fp16.* with "
+                        "--x-dtype fp16)")
+    b.add_argument("--x-dtype", choices=("bf16", "fp16"), default="bf16", help="--linear: the activations' dtype")
     b.add_argument("--bandwidth", type=_bandwidth, default=H200_NOMINAL_TBPS, metavar="TB/S",
                    help=f"without a GPU: the bandwidth of the floor table (default: the H200's nominal "
                    f"{H200_NOMINAL_TBPS} TB/s)")

@@ -8,6 +8,7 @@ many calls. The read is `cute_kernels.stream_read` of the weight + scale bytes, 
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 
@@ -173,6 +174,60 @@ def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), roun
     return rows
 
 
+# (N, K, M) of MXFP4 with fp16 x where the fold's one-group, one-tile split takes two K parts or x in fragment order
+# (the splits whose registers mx_fold_cap now caps at one group of one tile too), and a few where it caps nothing new.
+MX_FOLD_CAP_POINTS = (
+    (4096, 14336, 3), (4096, 14336, 4), (8192, 28672, 3), (8192, 28672, 4), (4096, 7168, 4), (4096, 4096, 3),
+    (4096, 4096, 4), (5760, 2880, 4), (2048, 768, 1), (6144, 4096, 5), (6144, 4096, 8), (8192, 28672, 6),
+    (8192, 28672, 8), (14336, 4096, 6), (14336, 4096, 8), (3584, 18048, 3), (512, 25344, 12), (4096, 7168, 1),
+    (28672, 4096, 4), (4096, 7168, 8),
+)
+
+
+@contextlib.contextmanager
+def _mx_fold_cap_off(off: bool):
+    """Within: config_for caps no fold config (kernels.mx_fold_cap returns 0) where `off`."""
+    from nvfp4_gemv.linear import kernels
+
+    kept = kernels.mx_fold_cap
+    if off:
+        kernels.mx_fold_cap = lambda *args: 0
+    try:
+        yield
+    finally:
+        kernels.mx_fold_cap = kept
+
+
+def mx_fold_cap_ab(points=MX_FOLD_CAP_POINTS, rounds=2, csv_path=None, log=print):
+    """µs per call of MXFP4 with fp16 x at each (N, K, M): the dispatched config (the scale fold, registers capped by
+    `kernels.mx_fold_cap`) and the same uncapped, alternately `rounds` times, the best of each; with the read of the
+    same bytes: the data behind mx_fold_cap's cap at one group of one tile."""
+    from nvfp4_gemv.linear import kernels
+
+    fields = ("groups", "k_warps", "max_registers", "k_splits", "k_parts", "token_tiles", "x_fragments",
+              "block_columns", "acc_sets", "m_major", "mx_fold")
+    rows = []
+    for n, k, m in points:
+        read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
+        cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "fp16", False, False)
+        capped = {f: getattr(cfg, f) for f in fields}
+        times = {"capped": math.inf, "uncapped": math.inf}
+        for _ in range(rounds):
+            for name in times:
+                # max_registers 0 with the fold means mx_fold_cap's cap (config_for): uncapped, the cap is off
+                with _mx_fold_cap_off(name == "uncapped"):
+                    ov = dict(capped, max_registers=0) if name == "uncapped" else capped
+                    times[name] = min(times[name], _time(lambda: ours(n, k, m, "mxfp4", torch.float16, **ov)))
+        row = dict(n=n, k=k, m=m, read_us=round(read, 3), **{f"{a}_us": round(b, 3) for a, b in times.items()},
+                   capped_over_uncapped=round(times["capped"] / times["uncapped"], 4),
+                   config=kernels.describe(m, n, k, "mxfp4", torch.float16).split("MMA, ")[-1])
+        rows.append(row)
+        log(" ".join(f"{key}={val}" for key, val in row.items()))
+    if csv_path:
+        write_csv(rows, csv_path)
+    return rows
+
+
 MANY_TOKENS_SHAPES = ((8192, 28672), (28672, 4096), (4096, 14336), (4096, 4096), (5760, 2880), (2880, 2880),
                       (2048, 768))
 
@@ -239,10 +294,10 @@ def many_tokens_sweep(shapes=MANY_TOKENS_SHAPES, tokens=(33, 64, 96, 128, 192, 2
     return rows
 
 
-def quack(n, k, m, fmt):
+def quack(n, k, m, fmt, dtype=torch.bfloat16):
     from quack.gemm_w4 import gemm_w4a16, prepare_w4_weight
 
-    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    x = torch.randn(m, k, device="cuda").to(dtype)
 
     def make():
         w, sf = random_weights(n, k, fmt)
@@ -252,9 +307,9 @@ def quack(n, k, m, fmt):
     return (lambda d: gemm_w4a16(x, d[0], d[1], wformat=fmt, n_out=n)), pool
 
 
-def cublas(n, k, m):
-    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
-    pool = _pool(lambda: torch.randn(n, k, device="cuda").to(torch.bfloat16), 2 * n * k)
+def cublas(n, k, m, dtype=torch.bfloat16):
+    x = torch.randn(m, k, device="cuda").to(dtype)
+    pool = _pool(lambda: torch.randn(n, k, device="cuda").to(dtype), 2 * n * k)
     return (lambda w: torch.nn.functional.linear(x, w)), pool
 
 
@@ -317,29 +372,35 @@ def _time(factory):
         return math.nan
 
 
-def run(shapes=SHAPES, tokens=TOKENS, formats=FORMATS, peers: bool = True, csv_path=None, plot_path=None, log=print):
-    """Time every (shape, M, format); print the table; optionally write CSV and a plot. Returns the rows."""
+def run(shapes=SHAPES, tokens=TOKENS, formats=FORMATS, peers: bool = True, csv_path=None, plot_path=None, log=print,
+        dtype=torch.bfloat16):
+    """Time every (shape, M, format) with x of `dtype` (bf16 or fp16; cuBLAS runs in the same dtype); print the
+    table; optionally write CSV and a plot. Returns the rows."""
     from nvfp4_gemv.linear import kernels
 
+    x_dtype = kernels._X_DTYPES[dtype]
     rows = []
+    log(f"x {x_dtype}")
     log(f"{'N x K':>13} {'M':>3} {'fmt':>5} {'read':>7} {'ours':>7} {'/read':>6} {'quack':>7} {'q/ours':>6} "
         f"{'cuBLAS':>7} {'c/ours':>6}  config")
     for n, k in shapes:
-        cub = {m: (_time(lambda: cublas(n, k, m)) if peers else math.nan) for m in tokens}
+        cub = {m: (_time(lambda: cublas(n, k, m, dtype)) if peers else math.nan) for m in tokens}
         for fmt in formats:
             read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt)))
             for m in tokens:
-                t = _time(lambda: ours(n, k, m, fmt))
-                q = _time(lambda: quack(n, k, m, fmt)) if peers else math.nan
-                cfg = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4")
+                t = _time(lambda: ours(n, k, m, fmt, dtype))
+                q = _time(lambda: quack(n, k, m, fmt, dtype)) if peers else math.nan
+                cfg = kernels.config_for(m, n, k, fmt, "plain", x_dtype, False, fmt == "nvfp4")
                 desc = (f"g{cfg.groups} kw{cfg.k_warps} t{cfg.token_tiles}"
                         + (f" p{cfg.k_parts}" if cfg.k_parts > 1 else "")
                         + (f" a{cfg.acc_sets}" if cfg.acc_sets > 1 else "")
                         + (f" s{cfg.k_splits}" if cfg.k_splits > 1 else "")
                         + (f" r{cfg.max_registers}" if cfg.max_registers else "")
-                        + (" bc" if cfg.block_columns else "") + (" xf" if cfg.x_fragments else ""))
-                row = dict(n=n, k=k, m=m, fmt=fmt, read_us=read, ours_us=t, ratio=t / read, quack_us=q,
-                           quack_over_ours=q / t, cublas_us=cub[m], cublas_over_ours=cub[m] / t, config=desc)
+                        + (" bc" if cfg.block_columns else "") + (" xf" if cfg.x_fragments else "")
+                        + (" fold" if cfg.mx_fold else ""))
+                row = dict(n=n, k=k, m=m, fmt=fmt, x_dtype=x_dtype, read_us=read, ours_us=t, ratio=t / read,
+                           quack_us=q, quack_over_ours=q / t, cublas_us=cub[m], cublas_over_ours=cub[m] / t,
+                           config=desc)
                 rows.append(row)
                 log(f"{n:>6}x{k:<6} {m:>3} {fmt:>5} {read:7.2f} {t:7.2f} {t / read:6.2f} {q:7.2f} {q / t:6.2f} "
                     f"{cub[m]:7.2f} {cub[m] / t:6.2f}  {desc}")
@@ -374,8 +435,9 @@ def plot(rows, path):
             ax.plot(ms, [r["read_us"] for r in f], "k" + style, lw=1, label=f"read ({fmt} bytes)")
             ax.plot(ms, [r["ours_us"] for r in f], "C0" + style, marker="o", label=f"nvfp4-gemv {fmt}")
             ax.plot(ms, [r["quack_us"] for r in f], "C1" + style, marker="s", label=f"quack {fmt}")
-        ax.plot(ms, [r["cublas_us"] for r in sub if r["fmt"] == sub[0]["fmt"]], "C3:", marker="^", label="cuBLAS bf16")
-        ax.set_title(f"{n} x {k}", fontsize=9)
+        ax.plot(ms, [r["cublas_us"] for r in sub if r["fmt"] == sub[0]["fmt"]], "C3:", marker="^",
+                label=f"cuBLAS {sub[0]['x_dtype']}")
+        ax.set_title(f"{n} x {k}, x {sub[0]['x_dtype']}", fontsize=9)
         ax.set_xscale("log", base=2)
         ax.set_xticks(ms, [str(m) for m in ms])
         ax.set_ylim(bottom=0)

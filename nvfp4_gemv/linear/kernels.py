@@ -378,10 +378,12 @@ def mx_fold_for(fmt: str, x_dtype: str) -> bool:
 
 def mx_fold_cap(groups: int, k_warps: int, token_tiles: int, x_dtype: str, fragments: bool) -> int:
     """The register cap that keeps a split with the scale fold at the registers the resident-warp model counts for
-    it (REGISTERS, FRAGMENT_REGISTERS), or 0 where the fold needs no cap (one group, one token tile) or a cap would
-    leave fewer than 2 CTAs an SM."""
+    it (REGISTERS, FRAGMENT_REGISTERS), or 0 where a cap would leave fewer than 2 CTAs an SM. One group of one
+    token tile needs it too: with two K parts or x in fragment order the fold takes 72-80 registers uncapped (sm_90a),
+    one CTA an SM fewer than the model counts, which turned one-wave grids into two (8192 x 28672 at 4 tokens, fp16
+    x: 2.11 x the read); capped at 64, ptxas spills nothing."""
     regs = model_registers(groups, token_tiles, fragments=x_dtype if fragments else "")
-    if (groups, token_tiles) == (1, 1) or REGISTER_FILE // (regs * 32 * k_warps) < 2:
+    if REGISTER_FILE // (regs * 32 * k_warps) < 2:
         return 0
     return regs
 
