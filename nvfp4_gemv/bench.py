@@ -62,8 +62,9 @@ def flush_l2(mode: str = "contest"):
     torch.sum(buf, dim=0, out=_FLUSH["out"])
 
 
-def contest_time_us(fn, pool, iters: int = 100, flush: str = "contest") -> float:
-    """Mean µs of `fn(data)` under contest timing: L2 flushed, events around the Python call."""
+def contest_time_us(fn, pool, iters: int = 100, flush: str = "contest", before=None) -> float:
+    """Mean µs of `fn(data)` under contest timing: L2 flushed, events around the Python call. `before(data)`, if
+    given, runs untimed between the flush and the start event (cold_start_table)."""
     fn(pool[0])
     torch.cuda.synchronize()
     times = []
@@ -71,6 +72,8 @@ def contest_time_us(fn, pool, iters: int = 100, flush: str = "contest") -> float
         data = pool[i % len(pool)]
         torch.cuda.synchronize()
         flush_l2(flush)
+        if before is not None:
+            before(data)
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn(data)
@@ -241,6 +244,53 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
         del pool, variants
         torch.cuda.empty_cache()
     return bw, rows
+
+
+def _touch_pages(tensors, stride: int = 1 << 16):
+    """Read one byte every `stride` bytes of each tensor (one sector a 64 KB: the TLB entries, not the data)."""
+    for t in tensors:
+        t.reshape(-1).view(torch.uint8)[::stride].sum()
+
+
+def cold_start_table(shapes, iters: int = 40, rounds: int = 2, log=print):
+    """Where the contest timing's extra cost goes: custom_kernel and the stream read of the same bytes, contest-timed
+    as is, after a clean flush, and with untimed work between the flush and the start event: a strided read of one
+    byte a 64 KB of every input (cold TLB entries), a launch of the same compiled kernel on a tiny input (cold code
+    and constant caches), and both; graph-timed beside them. The best of `rounds`. Returns rows of µs."""
+    from nvfp4_gemv.kernel import DISPATCH, custom_kernel
+    from submission.reference import generate_input
+
+    rows = []
+    tiny = generate_input(128, 64, 1, seed=1, device="cuda")
+    small = torch.zeros(1024, dtype=torch.uint32, device="cuda")
+    for m, k, l in shapes:  # noqa: E741
+        pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
+        a, b, _, _, sfa, sfb, c = pool[0]
+        custom_kernel(pool[0])
+        raw = DISPATCH.kernels[DISPATCH.key(a, b, sfa, sfb, c, "permuted")]
+        read, read_pool = stream_read_variant(bytes_moved(m, k, l))
+        variants = {
+            "nvfp4-gemv": (custom_kernel, pool, lambda d: _touch_pages((d[0], d[1], d[4], d[5])),
+                           lambda d: raw(tiny[0], tiny[1], tiny[4], tiny[5], tiny[6])),
+            STREAM_READ: (read, read_pool, lambda d: _touch_pages((d,)), lambda d: read(small)),
+        }
+        for name, (fn, p, touch, warm) in variants.items():
+            timings = {
+                "contest_us": lambda: contest_time_us(fn, p, iters),
+                "clean_flush_us": lambda: contest_time_us(fn, p, iters, flush="clean"),
+                "touched_us": lambda: contest_time_us(fn, p, iters, before=touch),
+                "warmed_us": lambda: contest_time_us(fn, p, iters, before=warm),
+                "touched_warmed_us": lambda: contest_time_us(fn, p, iters, before=lambda d: (touch(d), warm(d))),
+                "graph_us": lambda: graph_time_us(fn, p),
+            }
+            row = {"m": m, "k": k, "l": l, "variant": name}
+            for col, time_it in timings.items():
+                row[col] = min(time_it() for _ in range(rounds))
+            rows.append(row)
+            log(f"{m:>6} {k:>6} {l:>2}  {name:<30} " + "  ".join(f"{c_[:-3]} {row[c_]:7.2f}" for c_ in timings))
+        del pool, read_pool
+        torch.cuda.empty_cache()
+    return rows
 
 
 def profile_workload(shapes=None, repeats: int = 2):
