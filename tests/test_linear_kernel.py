@@ -293,16 +293,24 @@ def test_register_table_matches_ptxas(tmp_path):
             "x_fragments=True", tmp_path / f"fragments_g{g}t{t}", "linear_w4a16", "LinearW4A16Config",
         )
         assert len(regs) == 2 and allocation(max(regs)) <= table, ((g, t), regs, table)
-    # ... and within kernels.FRAGMENT_REGISTERS where that counts fewer (both formats).
+    # ... and within kernels.FRAGMENT_REGISTERS where that counts fewer (both formats; with fp16 x, MXFP4 takes the
+    # fold, counted at REGISTERS), with the cap the launcher gives them (FRAGMENT_CAPS), with and without a global
+    # scale (NVFP4 with fp16 x takes 78 uncapped without one, 65 with one).
     for (g, t, x_dtype), table in kernels.FRAGMENT_REGISTERS.items():
-        for fmt in ("nvfp4", "mxfp4"):
-            regs = compiled_registers_all(
-                "linear_w4a16_fragments", "LinearW4A16Fragments",
-                f"fmt={fmt!r}, x_dtype={x_dtype!r}, groups={g}, token_tiles={t}, k_warps=4, "
-                f"acc_sets={kernels.acc_sets_for(g, t, fmt, x_dtype)}, x_fragments=True",
-                tmp_path / f"fragments_{fmt}_{x_dtype}_g{g}t{t}", "linear_w4a16", "LinearW4A16Config",
-            )
-            assert allocation(max(regs)) <= table, ((g, t, x_dtype, fmt), regs, table)
+        for fmt, gs in (("nvfp4", False), ("nvfp4", True), ("mxfp4", False)):
+            if kernels.mx_fold_for(fmt, x_dtype):
+                continue
+            for kw in (2, 4):
+                cap = kernels.fragments_cap(g, kw, t, x_dtype)
+                regs = compiled_registers_all(
+                    "linear_w4a16_fragments", "LinearW4A16Fragments",
+                    f"fmt={fmt!r}, x_dtype={x_dtype!r}, groups={g}, token_tiles={t}, k_warps={kw}, "
+                    f"global_scale={gs}, acc_sets={kernels.acc_sets_for(g, t, fmt, x_dtype)}, x_fragments=True, "
+                    f"max_registers={cap}",
+                    tmp_path / f"fragments_{fmt}_{x_dtype}_g{g}t{t}kw{kw}gs{gs}", "linear_w4a16",
+                    "LinearW4A16Config",
+                )
+                assert allocation(max(regs)) <= table, ((g, t, x_dtype, fmt, kw, gs), regs, table)
 
 
 @pytest.mark.slow
@@ -430,9 +438,8 @@ def test_mx_fold_rule():
                     (4, 8192, 28672), (4, 4096, 7168), (8, 8192, 28672)]:
         cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "fp16", False, False)
         assert cfg.mx_fold and cfg.mma_dtype == "fp16" and cfg.split_x
-        if cfg.k_splits == 1:
-            fragments = "fp16" if cfg.x_fragments else ""
-            assert cfg.max_registers == kernels.model_registers(cfg.groups, cfg.token_tiles, fragments=fragments), cfg
+        if cfg.k_splits == 1:  # the fold's kernels are counted at REGISTERS, with x in fragment order too
+            assert cfg.max_registers == kernels.REGISTERS[(cfg.groups, cfg.token_tiles)], cfg
         assert "scale folded" in kernels.describe(m, n, k, "mxfp4", torch.float16)
         for fmt, xd in (("mxfp4", "bf16"), ("nvfp4", "fp16")):
             cfg = kernels.config_for(m, n, k, fmt, "plain", xd, False, False)

@@ -185,17 +185,26 @@ MX_FOLD_CAP_POINTS = (
 
 
 @contextlib.contextmanager
-def _mx_fold_cap_off(off: bool):
-    """Within: config_for caps no fold config (kernels.mx_fold_cap returns 0) where `off`."""
+def _kernels_patched(**attrs):
+    """Within: the launcher's rules with `attrs` (names in nvfp4_gemv.linear.kernels) replaced, as they were before
+    a change, for an A/B in one process; config_for runs at each call of `ours` with an override, so the timing
+    must run inside too."""
     from nvfp4_gemv.linear import kernels
 
-    kept = kernels.mx_fold_cap
-    if off:
-        kernels.mx_fold_cap = lambda *args: 0
+    kept = {name: getattr(kernels, name) for name in attrs}
+    for name, value in attrs.items():
+        setattr(kernels, name, value)
     try:
         yield
     finally:
-        kernels.mx_fold_cap = kept
+        for name, value in kept.items():
+            setattr(kernels, name, value)
+
+
+def _ab_fields(cfg) -> dict:
+    """A config's split as an override of every field the launcher chooses (so config_for keeps it as it is)."""
+    return {f: getattr(cfg, f) for f in ("groups", "k_warps", "max_registers", "k_splits", "k_parts", "token_tiles",
+                                         "x_fragments", "block_columns", "acc_sets", "m_major", "mx_fold")}
 
 
 def mx_fold_cap_ab(points=MX_FOLD_CAP_POINTS, rounds=2, csv_path=None, log=print):
@@ -204,18 +213,15 @@ def mx_fold_cap_ab(points=MX_FOLD_CAP_POINTS, rounds=2, csv_path=None, log=print
     same bytes: the data behind mx_fold_cap's cap at one group of one tile."""
     from nvfp4_gemv.linear import kernels
 
-    fields = ("groups", "k_warps", "max_registers", "k_splits", "k_parts", "token_tiles", "x_fragments",
-              "block_columns", "acc_sets", "m_major", "mx_fold")
     rows = []
     for n, k, m in points:
         read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
-        cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "fp16", False, False)
-        capped = {f: getattr(cfg, f) for f in fields}
+        capped = _ab_fields(kernels.config_for(m, n, k, "mxfp4", "plain", "fp16", False, False))
         times = {"capped": math.inf, "uncapped": math.inf}
         for _ in range(rounds):
             for name in times:
                 # max_registers 0 with the fold means mx_fold_cap's cap (config_for): uncapped, the cap is off
-                with _mx_fold_cap_off(name == "uncapped"):
+                with _kernels_patched(**({"mx_fold_cap": lambda *args: 0} if name == "uncapped" else {})):
                     ov = dict(capped, max_registers=0) if name == "uncapped" else capped
                     times[name] = min(times[name], _time(lambda: ours(n, k, m, "mxfp4", torch.float16, **ov)))
         row = dict(n=n, k=k, m=m, read_us=round(read, 3), **{f"{a}_us": round(b, 3) for a, b in times.items()},
@@ -223,6 +229,41 @@ def mx_fold_cap_ab(points=MX_FOLD_CAP_POINTS, rounds=2, csv_path=None, log=print
                    config=kernels.describe(m, n, k, "mxfp4", torch.float16).split("MMA, ")[-1])
         rows.append(row)
         log(" ".join(f"{key}={val}" for key, val in row.items()))
+    if csv_path:
+        write_csv(rows, csv_path)
+    return rows
+
+
+def fragments_fp16_ab(shapes=SHAPES, tokens=(9, 12, 16), rounds=2, csv_path=None, log=print):
+    """µs per call of NVFP4 with fp16 x (and a global scale) at 9-16 tokens where the launcher takes x in fragment
+    order: the dispatched config (FRAGMENT_REGISTERS' fp16 entry and its cap, FRAGMENT_CAPS) against the config the
+    rules gave without them (fp16 counted at REGISTERS, uncapped), alternately `rounds` times, the best of each; with
+    the read of the same bytes. Points where the two configs are the same are skipped."""
+    from nvfp4_gemv.linear import kernels
+
+    table = {key: regs for key, regs in kernels.FRAGMENT_REGISTERS.items() if key[2] != "fp16"}
+    before_rules = dict(FRAGMENT_REGISTERS=table, FRAGMENT_CAPS=())
+    rows = []
+    for n, k in shapes:
+        read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, "nvfp4")))
+        for m in tokens:
+            now = kernels.config_for(m, n, k, "nvfp4", "plain", "fp16", False, True)
+            with _kernels_patched(**before_rules):
+                before = kernels.config_for(m, n, k, "nvfp4", "plain", "fp16", False, True)
+            if now == before or not now.x_fragments:
+                continue
+            times = {"now": math.inf, "before": math.inf}
+            for _ in range(rounds):
+                for name, cfg in (("before", before), ("now", now)):
+                    with _kernels_patched(**(before_rules if name == "before" else {})):
+                        ov = _ab_fields(cfg)
+                        times[name] = min(times[name], _time(lambda: ours(n, k, m, "nvfp4", torch.float16, **ov)))
+            row = dict(n=n, k=k, m=m, read_us=round(read, 3), before_us=round(times["before"], 3),
+                       now_us=round(times["now"], 3), now_over_before=round(times["now"] / times["before"], 4),
+                       before=f"g{before.groups} kw{before.k_warps} r{before.max_registers}",
+                       now=f"g{now.groups} kw{now.k_warps} r{now.max_registers}")
+            rows.append(row)
+            log(" ".join(f"{key}={val}" for key, val in row.items()))
     if csv_path:
         write_csv(rows, csv_path)
     return rows

@@ -36,16 +36,30 @@ SPLITS = ((2, 1), (1, 1), (1, 2), (2, 2), (2, 4), (1, 4), (2, 8), (1, 8), (1, 16
 REGISTERS = {(1, 1): 64, (2, 1): 72, (1, 2): 80, (2, 2): 128}  # (groups, token_tiles) -> registers a thread
 CAPS = {(1, 1): 48}  # (groups, token_tiles) -> a register cap ptxas meets with one spilled pair in the loop
 # (groups, token_tiles, x dtype) -> registers a thread of LinearW4A16Fragments (x_fragments) where they are fewer
-# than REGISTERS gives: one group of 16 tokens with bf16 x (no x pairing in the loop, the B registers as loaded)
-FRAGMENT_REGISTERS = {(1, 2, "bf16"): 72}
+# than REGISTERS gives: one group of 16 tokens (no x pairing in the loop, the B registers as loaded). With fp16 x
+# (NVFP4; sm_90a) ptxas gives 65-78 uncapped, 78 without a global scale, so those configs are capped at the entry
+# (FRAGMENT_CAPS; no spill with 2 and 4 warps a CTA, and with 8 the cap allows 85, the same 3 CTAs an SM). The scale
+# fold's fragments kernel (MXFP4 with fp16 x) spills 34 values at 72 and is counted at REGISTERS: its key is
+# "<x dtype> fold" (fragments_key), which has no entry. Graph-timed on the H200 against the fp16 split without the
+# entry (docs/linear_h200_fragments_fp16.csv, NVFP4 at 9-16 tokens, 24 points of the 12 bench shapes): 0.88-0.91 of
+# the time where the split goes from two groups to one (28672 x 4096, 14336 x 4096), 0.95-1.01 where only the cap
+# changes.
+FRAGMENT_REGISTERS = {(1, 2, "bf16"): 72, (1, 2, "fp16"): 72}
+FRAGMENT_CAPS = ((1, 2, "fp16"),)
+
+
+def fragments_key(x_dtype: str, fold: bool) -> str:
+    """The key of x in fragment order in FRAGMENT_REGISTERS (model_registers' `fragments`): x's dtype, or for the
+    scale fold "<x dtype> fold", which the table does not hold."""
+    return f"{x_dtype} fold" if fold else x_dtype
 # (format, groups) -> registers a thread of LinearW4A16Columns (block_columns), as for REGISTERS; no caps
 COLUMN_REGISTERS = {("mxfp4", 1): 64, ("mxfp4", 2): 80, ("nvfp4", 1): 72, ("nvfp4", 2): 80}
 
 
 def model_registers(groups: int, token_tiles: int, columns: str = "", fragments: str = "") -> int:
     """Registers a thread of this config, as the resident-warp model counts them: `columns` (a format): of the
-    block-columns kernel (COLUMN_REGISTERS); `fragments` (x's dtype): with x in fragment order (FRAGMENT_REGISTERS
-    where it counts fewer); else REGISTERS."""
+    block-columns kernel (COLUMN_REGISTERS); `fragments` (fragments_key): with x in fragment order
+    (FRAGMENT_REGISTERS where it counts fewer); else REGISTERS."""
     if columns:
         return COLUMN_REGISTERS[(columns, groups)]
     regs = REGISTERS[(groups, token_tiles)]
@@ -382,10 +396,19 @@ def mx_fold_cap(groups: int, k_warps: int, token_tiles: int, x_dtype: str, fragm
     token tile needs it too: with two K parts or x in fragment order the fold takes 72-80 registers uncapped (sm_90a),
     one CTA an SM fewer than the model counts, which turned one-wave grids into two (8192 x 28672 at 4 tokens, fp16
     x: 2.11 x the read); capped at 64, ptxas spills nothing."""
-    regs = model_registers(groups, token_tiles, fragments=x_dtype if fragments else "")
+    regs = model_registers(groups, token_tiles, fragments=fragments_key(x_dtype, True) if fragments else "")
     if REGISTER_FILE // (regs * 32 * k_warps) < 2:
         return 0
     return regs
+
+
+def fragments_cap(groups: int, k_warps: int, token_tiles: int, x_dtype: str) -> int:
+    """The register cap of a split with x in fragment order (not the fold) where its FRAGMENT_REGISTERS entry is met
+    only when ptxas is told (FRAGMENT_CAPS), else 0; 0 too where the cap would leave fewer than 2 CTAs an SM."""
+    if (groups, token_tiles, x_dtype) not in FRAGMENT_CAPS:
+        return 0
+    regs = FRAGMENT_REGISTERS[(groups, token_tiles, x_dtype)]
+    return regs if REGISTER_FILE // (regs * 32 * k_warps) >= 2 else 0
 
 
 def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str, bias: bool, global_scale: bool,
@@ -407,7 +430,7 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     parts = 1 if columns else override.get("k_parts") or k_parts_for(m, n, k, sms)
     token_tiles = 1 if columns else override.get("token_tiles") or (1 if parts == 2 else token_tiles_for(m, n, k))
     _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, fmt if columns else "",
-                                                x_dtype if fragments else "")
+                                                fragments_key(x_dtype, fold) if fragments else "")
     # An override of the split (sweeps, tests) means that split on its own, unless it names k_splits too.
     if any(f in override for f in ("groups", "k_warps", "max_registers")):
         splits = 1
@@ -419,6 +442,8 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     cfg.update(override)
     if fold and not cfg["max_registers"] and cfg["k_splits"] == 1:
         cfg["max_registers"] = mx_fold_cap(cfg["groups"], cfg["k_warps"], cfg["token_tiles"], x_dtype, fragments)
+    elif fragments and not cfg["max_registers"] and cfg["k_splits"] == 1:
+        cfg["max_registers"] = fragments_cap(cfg["groups"], cfg["k_warps"], cfg["token_tiles"], x_dtype)
     return LinearW4A16Config(**cfg)
 
 
