@@ -269,6 +269,32 @@ def fragments_fp16_ab(shapes=SHAPES, tokens=(9, 12, 16), rounds=2, csv_path=None
     return rows
 
 
+# (M, N, K, format, global scale) whose dispatched config with fp16 x is one the register caps of 2026-12-04 touch:
+# the fold with two K parts (8 and 16 warps a CTA), the fold with x in fragment order, NVFP4's 16-token fragment
+# CTAs capped at 72 (with and without a global scale), and the fold in a cluster (uncapped).
+CAPPED_CASES = ((4, 1024, 4096, "mxfp4", False), (4, 3072, 4096, "mxfp4", False), (6, 2048, 8192, "mxfp4", False),
+                (12, 3072, 4096, "nvfp4", True), (16, 3072, 6144, "nvfp4", False), (3, 512, 6144, "mxfp4", False))
+
+
+def dispatched_against_reference(cases=CAPPED_CASES, dtype=torch.float16, log=print) -> float:
+    """Run each case through `fp4_linear` as dispatched (random codes, the bench's scales) and return the largest
+    relative error against the fp32 reference on the CPU; small enough to run under compute-sanitizer."""
+    from nvfp4_gemv.linear import fp4_linear, kernels
+    from nvfp4_gemv.linear.reference import linear_reference
+
+    worst = 0.0
+    for m, n, k, fmt, gs in cases:
+        w, sf = random_weights(n, k, fmt)
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        g = 0.5 if gs else None
+        y = fp4_linear(x, w, sf, fmt, g).cpu().float()
+        ref = linear_reference(x.cpu(), w.cpu(), sf.cpu(), fmt, g, None, "plain").float()
+        err = ((y - ref).norm() / ref.norm()).item()
+        worst = max(worst, err)
+        log(f"{m} x {n} x {k} {fmt}: {kernels.describe(m, n, k, fmt, dtype).split('MMA, ')[-1]}: rel err {err:.2e}")
+    return worst
+
+
 MANY_TOKENS_SHAPES = ((8192, 28672), (28672, 4096), (4096, 14336), (4096, 4096), (5760, 2880), (2880, 2880),
                       (2048, 768))
 
