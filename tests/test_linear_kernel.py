@@ -266,7 +266,7 @@ def test_register_table_matches_ptxas(tmp_path):
             assert allocated(g, t, kw, cap) == cap, ((g, t), kw, cap)
     # MXFP4's scale fold (fp16 x, as dispatched) holds two loops: within the table with mx_fold_cap's cap.
     for (g, t), table in kernels.REGISTERS.items():
-        cap = kernels.mx_fold_cap(g, 4, t, "fp16", False)
+        cap = kernels.mx_fold_cap(g, 4, t)
         got = allocated(g, t, 4, cap, extra=", fmt='mxfp4', x_dtype='fp16', mx_fold=True")
         assert got <= table and (cap == 0 or got <= cap), ((g, t), cap, got, table)
     # ... one group of one tile with two K parts or x in fragment order too, which take 72-80 registers uncapped
@@ -274,7 +274,7 @@ def test_register_table_matches_ptxas(tmp_path):
     from registers import allocation, compiled_registers_all
 
     for kw in (4, 8):
-        cap = kernels.mx_fold_cap(1, kw, 1, "fp16", True)
+        cap = kernels.mx_fold_cap(1, kw, 1)
         for fragments in (False, True):
             regs = compiled_registers_all(
                 "linear_w4a16_fragments" if fragments else "linear_w4a16",

@@ -154,7 +154,7 @@ def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), roun
                     if not cfg.mx_fold:  # block columns
                         continue
                     fold = {f: getattr(cfg, f) for f in fields}
-                    cap = kernels.mx_fold_cap(cfg.groups, cfg.k_warps, cfg.token_tiles, "fp16", cfg.x_fragments)
+                    cap = kernels.mx_fold_cap(cfg.groups, cfg.k_warps, cfg.token_tiles)
                     general = dict(fold, mx_fold=False, max_registers=0 if cap else cfg.max_registers)
                     times = {"general": math.inf, "fold": math.inf}
                     for _ in range(rounds):

@@ -46,14 +46,14 @@ CAPS = {(1, 1): 48}  # (groups, token_tiles) -> a register cap ptxas meets with 
 # changes.
 FRAGMENT_REGISTERS = {(1, 2, "bf16"): 72, (1, 2, "fp16"): 72}
 FRAGMENT_CAPS = ((1, 2, "fp16"),)
+# (format, groups) -> registers a thread of LinearW4A16Columns (block_columns), as for REGISTERS; no caps
+COLUMN_REGISTERS = {("mxfp4", 1): 64, ("mxfp4", 2): 80, ("nvfp4", 1): 72, ("nvfp4", 2): 80}
 
 
 def fragments_key(x_dtype: str, fold: bool) -> str:
     """The key of x in fragment order in FRAGMENT_REGISTERS (model_registers' `fragments`): x's dtype, or for the
     scale fold "<x dtype> fold", which the table does not hold."""
     return f"{x_dtype} fold" if fold else x_dtype
-# (format, groups) -> registers a thread of LinearW4A16Columns (block_columns), as for REGISTERS; no caps
-COLUMN_REGISTERS = {("mxfp4", 1): 64, ("mxfp4", 2): 80, ("nvfp4", 1): 72, ("nvfp4", 2): 80}
 
 
 def model_registers(groups: int, token_tiles: int, columns: str = "", fragments: str = "") -> int:
@@ -390,13 +390,13 @@ def mx_fold_for(fmt: str, x_dtype: str) -> bool:
     return fmt == "mxfp4" and x_dtype in MX_FOLD_X_DTYPES
 
 
-def mx_fold_cap(groups: int, k_warps: int, token_tiles: int, x_dtype: str, fragments: bool) -> int:
+def mx_fold_cap(groups: int, k_warps: int, token_tiles: int) -> int:
     """The register cap that keeps a split with the scale fold at the registers the resident-warp model counts for
-    it (REGISTERS, FRAGMENT_REGISTERS), or 0 where a cap would leave fewer than 2 CTAs an SM. One group of one
-    token tile needs it too: with two K parts or x in fragment order the fold takes 72-80 registers uncapped (sm_90a),
-    one CTA an SM fewer than the model counts, which turned one-wave grids into two (8192 x 28672 at 4 tokens, fp16
-    x: 2.11 x the read); capped at 64, ptxas spills nothing."""
-    regs = model_registers(groups, token_tiles, fragments=fragments_key(x_dtype, True) if fragments else "")
+    it (REGISTERS, with x in fragment order too: fragments_key), or 0 where a cap would leave fewer than 2 CTAs an
+    SM. One group of one token tile needs it too: with two K parts or x in fragment order the fold takes 72-80
+    registers uncapped (sm_90a), one CTA an SM fewer than the model counts, which turned one-wave grids into two
+    (8192 x 28672 at 4 tokens, fp16 x: 2.11 x the read); capped at 64, ptxas spills nothing."""
+    regs = REGISTERS[(groups, token_tiles)]
     if REGISTER_FILE // (regs * 32 * k_warps) < 2:
         return 0
     return regs
@@ -441,7 +441,7 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
                acc_sets=1 if columns else acc_sets_for(override.get("groups", groups), token_tiles, fmt, x_dtype))
     cfg.update(override)
     if fold and not cfg["max_registers"] and cfg["k_splits"] == 1:
-        cfg["max_registers"] = mx_fold_cap(cfg["groups"], cfg["k_warps"], cfg["token_tiles"], x_dtype, fragments)
+        cfg["max_registers"] = mx_fold_cap(cfg["groups"], cfg["k_warps"], cfg["token_tiles"])
     elif fragments and not cfg["max_registers"] and cfg["k_splits"] == 1:
         cfg["max_registers"] = fragments_cap(cfg["groups"], cfg["k_warps"], cfg["token_tiles"], x_dtype)
     return LinearW4A16Config(**cfg)
