@@ -396,18 +396,19 @@ def mx_fold_cap(groups: int, k_warps: int, token_tiles: int) -> int:
     SM. One group of one token tile needs it too: with two K parts or x in fragment order the fold takes 72-80
     registers uncapped (sm_90a), one CTA an SM fewer than the model counts, which turned one-wave grids into two
     (8192 x 28672 at 4 tokens, fp16 x: 2.11 x the read); capped at 64, ptxas spills nothing."""
-    regs = REGISTERS[(groups, token_tiles)]
-    if REGISTER_FILE // (regs * 32 * k_warps) < 2:
-        return 0
-    return regs
+    return _cap_at(REGISTERS[(groups, token_tiles)], k_warps)
 
 
 def fragments_cap(groups: int, k_warps: int, token_tiles: int, x_dtype: str) -> int:
     """The register cap of a split with x in fragment order (not the fold) where its FRAGMENT_REGISTERS entry is met
     only when ptxas is told (FRAGMENT_CAPS), else 0; 0 too where the cap would leave fewer than 2 CTAs an SM."""
-    if (groups, token_tiles, x_dtype) not in FRAGMENT_CAPS:
-        return 0
-    regs = FRAGMENT_REGISTERS[(groups, token_tiles, x_dtype)]
+    key = (groups, token_tiles, x_dtype)
+    return _cap_at(FRAGMENT_REGISTERS[key], k_warps) if key in FRAGMENT_CAPS else 0
+
+
+def _cap_at(regs: int, k_warps: int) -> int:
+    """`regs` as a register cap for CTAs of k_warps warps, or 0 where it would leave fewer than 2 of them an SM
+    (LinearW4A16Config's bound on a cap)."""
     return regs if REGISTER_FILE // (regs * 32 * k_warps) >= 2 else 0
 
 
