@@ -351,10 +351,11 @@ def test_dispatched_configs_fit_the_resident_warp_model(tmp_path):
         got = list(pool.map(registers, enumerate(configs.values())))
     short = []
     for c, regs in zip(configs.values(), got):
-        model = c.max_registers or kernels.model_registers(c.groups, c.token_tiles, c.fmt if c.block_columns else "",
-                                                           c.x_dtype if c.x_fragments else "")
-        if ctas_per_sm(regs, c.k_warps) < ctas_per_sm(model, c.k_warps):
-            short.append((regs, model, c))
+        counted = kernels.resident_warps(c.groups, c.k_warps, c.token_tiles, c.max_registers,
+                                         c.fmt if c.block_columns else "",
+                                         kernels.fragments_key(c.x_dtype, c.mx_fold) if c.x_fragments else "")
+        if ctas_per_sm(regs, c.k_warps) * c.k_warps < counted:
+            short.append((regs, counted, c))
     assert not short, short
 
 

@@ -132,6 +132,12 @@ def x_fragments_ab(shapes=SHAPES, tokens=(1, 2, 3, 4, 8, 12, 16), formats=FORMAT
     return rows
 
 
+def _ab_fields(cfg) -> dict:
+    """A config's split as an override of every field the launcher chooses (so config_for keeps it as it is)."""
+    return {f: getattr(cfg, f) for f in ("groups", "k_warps", "max_registers", "k_splits", "k_parts", "token_tiles",
+                                         "x_fragments", "block_columns", "acc_sets", "m_major", "mx_fold")}
+
+
 def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), rounds=2, csv_path=None, log=print):
     """µs per call of MXFP4 with fp16 x at every (shape, M, scale range): the dispatched config (the scale fold, its
     registers capped by `kernels.mx_fold_cap`) against the same split on the general path (mx_fold False, uncapped),
@@ -141,8 +147,6 @@ def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), roun
     global MXFP4_SCALES
     from nvfp4_gemv.linear import kernels
 
-    fields = ("groups", "k_warps", "max_registers", "k_splits", "k_parts", "token_tiles", "x_fragments",
-              "block_columns", "acc_sets", "m_major", "mx_fold")
     rows, kept = [], MXFP4_SCALES
     try:
         for n, k in shapes:
@@ -153,7 +157,7 @@ def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), roun
                     cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "fp16", False, False)
                     if not cfg.mx_fold:  # block columns
                         continue
-                    fold = {f: getattr(cfg, f) for f in fields}
+                    fold = _ab_fields(cfg)
                     cap = kernels.mx_fold_cap(cfg.groups, cfg.k_warps, cfg.token_tiles)
                     general = dict(fold, mx_fold=False, max_registers=0 if cap else cfg.max_registers)
                     times = {"general": math.inf, "fold": math.inf}
@@ -199,12 +203,6 @@ def _kernels_patched(**attrs):
     finally:
         for name, value in kept.items():
             setattr(kernels, name, value)
-
-
-def _ab_fields(cfg) -> dict:
-    """A config's split as an override of every field the launcher chooses (so config_for keeps it as it is)."""
-    return {f: getattr(cfg, f) for f in ("groups", "k_warps", "max_registers", "k_splits", "k_parts", "token_tiles",
-                                         "x_fragments", "block_columns", "acc_sets", "m_major", "mx_fold")}
 
 
 def mx_fold_cap_ab(points=MX_FOLD_CAP_POINTS, rounds=2, csv_path=None, log=print):
