@@ -92,11 +92,14 @@ def test_choose_split_fills_one_wave(token_tiles):
         wave = kernels.resident_warps(g, q, token_tiles, cap) * 132
         assert warps <= wave
         steps = kernels.k_steps(k)
-        assert q == 1 or kernels.chain(steps, q) < kernels.chain(steps, q // 2)  # each k-warp shortens the chain
+        # Each k-warp shortens the chain: a power of two against half as many, a widened count against one fewer.
+        assert q == 1 or kernels.chain(steps, q) < kernels.chain(steps, q // 2 if q & (q - 1) == 0 else q - 1)
         if n * k >= 2**24:  # large enough to fill half a wave
             waves.append(warps / wave)
-        # A cap is taken only where the uncapped split would not fit one wave.
-        assert not cap or warps > kernels.resident_warps(g, q, token_tiles) * 132
+        # A cap is taken only where the uncapped split would not fit one wave, or (a widened split) at the model's
+        # registers.
+        assert not cap or warps > kernels.resident_warps(g, q, token_tiles) * 132 or (
+            q & (q - 1) and cap == kernels.model_registers(g, token_tiles))
     assert min(waves) > 0.5  # every large example shape fills at least half a wave
     assert kernels.choose_split(1, 64, 132) in set(kernels.candidates(1))
     # Measured on the H200 (BENCHMARKS.md): K = 768 takes 8 k-warps (6 of 8 busy); 10240 x 8192 at M <= 8 fits one
@@ -107,9 +110,11 @@ def test_choose_split_fills_one_wave(token_tiles):
     assert kernels.resident_warps(2, 8, 1) == 24 and kernels.resident_warps(1, 8, 1) == 32
 
 
-def test_split_rules_measured_on_shapes_no_file_named():
+def test_split_rules_measured_on_shapes_no_file_named(monkeypatch):
     """The split rules of `choose_split` and `k_splits_for` on points of docs/linear_h200_split_rule_check.csv and
-    docs/linear_sweep_h200_random_splits.csv (graph-timed, x the read; the old rule's pick against this one's)."""
+    docs/linear_sweep_h200_random_splits.csv (graph-timed, x the read; the old rule's pick against this one's), with
+    k-warps in powers of two as they were measured (widen_k_warps comes after: test_widen_k_warps)."""
+    monkeypatch.setattr(kernels, "WIDEN_K_WARPS", False)
 
     def split(m, n, k, fmt="nvfp4", **override):
         c = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4", 132, **override)
@@ -159,6 +164,50 @@ def test_split_rules_measured_on_shapes_no_file_named():
         nv16 = kernels.config_for(m, 22315, 15680, "nvfp4", "plain", "fp16", False, True, 132)
         assert mx16.x_fragments and (mx16.groups, mx16.k_warps, mx16.max_registers) == (1, 2, 80)
         assert nv16.x_fragments and (nv16.groups, nv16.k_warps) == (1, 2)
+
+
+def test_widen_k_warps():
+    """Any number of k-warps (widen_k_warps) where the power-of-two split's grid holds under WIDEN_BELOW_WARPS warps
+    an SM: the shortest chain that still fits one wave, capped at the model's registers; never a longer chain, never
+    past one wave. Graph-timed on the H200 (nvfp4_gemv.linear.bench.k_warps_ab, docs/linear_h200_k_warps_*.csv)."""
+    import itertools
+
+    def cfg(m, n, k, fmt="nvfp4", xd="bf16"):
+        return kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4", 132)
+
+    # 4096 x 14336 at 16 tokens: 8 k-warps (15.5 warps an SM, 14 steps each) -> 14 (8 steps), 0.89 of the time.
+    c = cfg(16, 4096, 14336)
+    assert (c.groups, c.k_warps, c.max_registers, c.x_fragments) == (1, 14, 72, True) and c.min_ctas_per_sm() == 2
+    # 17664 x 18688 at 16 tokens: 2 -> 3 k-warps, 0.91; 2880 x 2880 at 8 tokens: 8 -> 12, 0.93-0.95.
+    assert cfg(16, 17664, 18688).k_warps == 3 and cfg(8, 2880, 2880).k_warps == 12
+    # Not where the grid already holds 19 warps an SM: 10240 x 8192 at 16 tokens stays at 4 k-warps (5: 1.05 x).
+    assert cfg(16, 10240, 8192).k_warps == 4 and cfg(16, 5120, 18624).k_warps == 8
+    # Not the block-columns kernel.
+    assert kernels.widen_k_warps(2048, 4096, 132, 1, "mxfp4", True, "", (1, 4, 0)) == (1, 4, 0)
+    for (n, k), m, fmt, xd in itertools.product(
+        [(4096, 14336), (2880, 2880), (17664, 18688), (2368, 6912), (1216, 1088), (9152, 768), (181, 8320),
+         (28672, 4096), (8192, 28672), (640, 2048)], (1, 2, 4, 8, 12, 16), ("nvfp4", "mxfp4"), ("bf16", "fp16")):
+        now = cfg(m, n, k, fmt, xd)
+        kernels.WIDEN_K_WARPS = False
+        try:
+            pow2 = cfg(m, n, k, fmt, xd)
+        finally:
+            kernels.WIDEN_K_WARPS = True
+        if now == pow2:
+            continue
+        # k_parts_for weighs the widened split too, so two K parts a row may give way to one (1216 x 1088 at 8 and
+        # 16 tokens: 8 k-warps of two parts -> 9 of one, 0.96 and 0.86 of the time); with the same parts, the same
+        # groups and tiles with more k-warps and a shorter chain.
+        if now.k_parts == pow2.k_parts:
+            steps = kernels.k_steps(k // now.k_parts)
+            assert now.k_warps > pow2.k_warps and (now.groups, now.token_tiles) == (pow2.groups, pow2.token_tiles)
+            assert kernels.chain(steps, now.k_warps * now.k_splits) < kernels.chain(
+                steps, pow2.k_warps * pow2.k_splits), (n, k, m, fmt, xd)
+        frag = kernels.fragments_key(xd, now.mx_fold) if now.x_fragments else ""
+        assert now.max_registers in (pow2.max_registers, kernels.model_registers(now.groups, now.token_tiles, "", frag))
+        rows = n * (2 if now.k_parts == 2 else 1) * (2 if m > 8 and now.token_tiles == 1 else 1)
+        assert kernels.grid_warps(rows, now.groups, now.k_warps) <= 132 * kernels.resident_warps(
+            now.groups, now.k_warps, now.token_tiles, now.max_registers, "", frag)
 
 
 def test_small_weights_split_9_to_16_tokens_over_two_ctas():
@@ -712,6 +761,40 @@ def test_two_accumulator_sets(fmt, layout, dtype):
     one = _run(xi, w, unit.cuda(), fmt, layout, k_warps=4)
     two = _run(xi, w, unit.cuda(), fmt, layout, k_warps=4, acc_sets=2)
     assert torch.equal(one.view(torch.int16), two.view(torch.int16))
+
+
+ANY_K_WARPS = [
+    (1, dict(k_warps=3)), (1, dict(k_warps=12, max_registers=64)), (2, dict(k_parts=2, k_warps=5)),
+    (4, dict(k_parts=2, k_warps=7, k_splits=2)), (6, dict(k_warps=13)), (8, dict(groups=2, k_warps=6)),
+    (12, dict(token_tiles=2, k_warps=14, max_registers=72, x_fragments=True)),
+    (16, dict(token_tiles=2, k_warps=11, max_registers=72, x_fragments=True)),
+    (16, dict(token_tiles=2, k_warps=5, x_fragments=True)), (16, dict(token_tiles=2, groups=2, k_warps=3)),
+    (9, dict(token_tiles=2, k_warps=9, k_splits=2)), (3, dict(k_warps=15, x_fragments=True)),
+]
+# Each case in two of the six (format, scale layout, x dtype) combinations, all six over the cases (compiles are the
+# cost: one kernel a config and combination).
+ANY_K_WARPS_COMBOS = [(f, lay, d) for f, lay in LAYOUTS for d in DTYPES]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,combo", [(i, (i + j) % 6) for i in range(len(ANY_K_WARPS)) for j in (0, 3)], ids=str)
+def test_any_number_of_k_warps(case, combo):
+    """CTAs of k-warps that are not a power of two (widen_k_warps) split K the same way: against the reference with
+    a partial last step and odd N (full range, a global scale and a bias), and on small-integer data with unit scales
+    (every partial sum exact) bit for bit against 8 k-warps of the same split."""
+    m, cfg = ANY_K_WARPS[case]
+    fmt, layout, dtype = ANY_K_WARPS_COMBOS[combo]
+    n, k = 203, 2880 + 64
+    w, scale, plain, gs, bias = _cuda_operands(n, k, fmt, layout, dtype)
+    x = torch.randn(m, k).to(dtype).cuda()
+    y = _run(x, w, scale, fmt, layout, gs, bias, **cfg)
+    _check(y, x, w, plain, fmt, gs, bias)
+    assert torch.equal(y.view(torch.int16), _run(x, w, scale, fmt, layout, gs, bias, **cfg).view(torch.int16))
+    unit = _unit_scales(n, k, fmt, layout).cuda()
+    xi = torch.randint(-2, 3, (m, k)).to(dtype).cuda()
+    eight = dict(cfg, k_warps=8, max_registers=0, k_splits=1)
+    assert torch.equal(_run(xi, w, unit, fmt, layout, **cfg).view(torch.int16),
+                       _run(xi, w, unit, fmt, layout, **eight).view(torch.int16))
 
 
 @pytest.mark.gpu

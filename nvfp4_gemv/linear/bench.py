@@ -267,11 +267,56 @@ def fragments_fp16_ab(shapes=SHAPES, tokens=(9, 12, 16), rounds=2, csv_path=None
     return rows
 
 
+
+def k_warps_ab(shapes=SHAPES, tokens=(1, 4, 8, 12, 16), formats=FORMATS, dtypes=(torch.bfloat16,), rounds=2,
+               csv_path=None, log=print):
+    """µs per call at every (shape, M, format, x dtype) where `kernels.widen_k_warps` changes the launcher's split:
+    the dispatched config against the one the rules give with k-warps in powers of two (WIDEN_K_WARPS False),
+    alternately `rounds` times, the best of each; with the read of the same bytes. Points where the two configs are
+    the same are skipped."""
+    from nvfp4_gemv.linear import kernels
+
+    rows = []
+    for n, k in shapes:
+        for fmt in formats:
+            read = None
+            for dtype in dtypes:
+                xd = kernels._X_DTYPES[dtype]
+                for m in tokens:
+                    now = kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4")
+                    with _kernels_patched(WIDEN_K_WARPS=False):
+                        before = kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4")
+                    if now == before:
+                        continue
+                    if read is None:
+                        read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt)))
+                    times = {"before": math.inf, "now": math.inf}
+                    for _ in range(rounds):
+                        for name, cfg in (("before", before), ("now", now)):
+                            ov = _ab_fields(cfg)
+                            times[name] = min(times[name], _time(lambda: ours(n, k, m, fmt, dtype, **ov)))
+                    row = dict(n=n, k=k, m=m, fmt=fmt, x=xd, read_us=round(read, 3),
+                               before_us=round(times["before"], 3), now_us=round(times["now"], 3),
+                               now_over_before=round(times["now"] / times["before"], 4),
+                               now_over_read=round(times["now"] / read, 4),
+                               before=f"g{before.groups} kw{before.k_warps} ks{before.k_splits} r{before.max_registers}",
+                               now=f"g{now.groups} kw{now.k_warps} ks{now.k_splits} r{now.max_registers}")
+                    rows.append(row)
+                    log(" ".join(f"{key}={val}" for key, val in row.items()))
+    if csv_path:
+        write_csv(rows, csv_path)
+    return rows
+
 # (M, N, K, format, global scale) whose dispatched config with fp16 x is one the register caps of 2026-12-04 touch:
 # the fold with two K parts (8 and 16 warps a CTA), the fold with x in fragment order, NVFP4's 16-token fragment
 # CTAs capped at 72 (with and without a global scale), and the fold in a cluster (uncapped).
 CAPPED_CASES = ((4, 1024, 4096, "mxfp4", False), (4, 3072, 4096, "mxfp4", False), (6, 2048, 8192, "mxfp4", False),
                 (12, 3072, 4096, "nvfp4", True), (16, 3072, 6144, "nvfp4", False), (3, 512, 6144, "mxfp4", False))
+# ... and whose split widen_k_warps widens (k-warps not a power of two, capped at the model's registers): 14 k-warps of
+# 16 tokens with x in fragment order, 3 (the scale fold with fp16 x), 12, 9 of two K parts, 14 of MXFP4, and 9 of one
+# part (1216 x 1088 at 16 tokens, from two groups of two parts).
+WIDENED_CASES = ((16, 2368, 6912, "nvfp4", True), (16, 9152, 768, "mxfp4", False), (8, 2880, 2880, "mxfp4", False),
+                 (1, 2368, 6912, "nvfp4", True), (12, 2880, 5376, "mxfp4", False), (16, 1216, 1088, "nvfp4", True))
 
 
 def dispatched_against_reference(cases=CAPPED_CASES, dtype=torch.float16, log=print) -> float:

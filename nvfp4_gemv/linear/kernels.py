@@ -33,6 +33,16 @@ H200_SMS = 132
 # price of a spill or two: it is taken only where that is what fits the split in one wave. On ties: uncapped first,
 # then balanced k-warps (choose_split), then more groups (x is reused across more rows).
 SPLITS = ((2, 1), (1, 1), (1, 2), (2, 2), (2, 4), (1, 4), (2, 8), (1, 8), (1, 16))
+K_WARPS_MAX = 16  # a CTA's warps (LinearW4A16Config: row_warps x k_warps <= 16)
+WIDEN_K_WARPS = True  # choose_split's split widened to other k-warp counts (widen_k_warps); False: powers of two only
+# ... only where its grid holds fewer warps than this an SM on the mean. Graph-timed on the H200, the widened split
+# against the power-of-two one (nvfp4_gemv.linear.bench.k_warps_ab): without this bound, 0.86-0.99 of the time where
+# the power-of-two grid held 8-17 warps an SM, and 0.98-1.10 where it held 19-22 (10240 x 8192 at 12-16 tokens, 4 ->
+# 5 k-warps: 1.03-1.10; 11136 x 25408 at 8, two groups, 8 -> 9: 1.04), as the GEMV's sweep found more warps paying up
+# to about 19 an SM and costing past it (docs/linear_h200_k_warps_fit_*.csv). With it, on 40 shapes drawn after
+# (docs/linear_h200_k_warps_heldout.csv, 28 points at 1-16 tokens, both formats): 0.944 of the time on geomean,
+# 0.87-1.02.
+WIDEN_BELOW_WARPS = 18
 REGISTERS = {(1, 1): 64, (2, 1): 72, (1, 2): 80, (2, 2): 128}  # (groups, token_tiles) -> registers a thread
 CAPS = {(1, 1): 48}  # (groups, token_tiles) -> a register cap ptxas meets with one spilled pair in the loop
 # (groups, token_tiles, x dtype) -> registers a thread of LinearW4A16Fragments (x_fragments) where they are fewer
@@ -184,8 +194,34 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = 
     if token_tiles == 2 and best[0] == 1 and two and not fragments:
         _, split, fill = max(two, key=lambda f: f[0])
         if TWO_GROUPS_MIN_CHAIN <= chain(steps, split[1]) <= chain(steps, best[1]) and fill >= TWO_GROUPS_MIN_FILL:
-            return split
-    return best
+            best = split
+    return widen_k_warps(n, k, sms, token_tiles, columns, few_tokens, fragments, best)
+
+
+def widen_k_warps(n: int, k: int, sms: int, token_tiles: int, columns: str, few_tokens: bool, fragments: str,
+                  split: tuple[int, int, int]) -> tuple[int, int, int]:
+    """`split` with more k-warps, any number up to K_WARPS_MAX, where that shortens the chain and the grid still fits
+    one resident wave (the shortest chain; on a tie the fewest k-warps), with more than 4 tokens a CTA the k-warps
+    3/4 busy. The candidates are powers of two, whose CTAs pack an SM's warps best where a thread takes 64 registers;
+    where it takes 72 or 80 (16 tokens a CTA) CTAs of 8 k-warps leave a quarter of a wave empty, and 11-14 k-warps
+    fill it with a shorter chain (4096 x 14336 at 16 tokens: 8 k-warps of 14 steps each, 65 % of a wave, against 14
+    of 8 steps, 97 %). A widened split is capped at the registers the resident-warp model counts (ptxas is told the
+    CTAs an SM must hold): uncapped, ptxas gives more with more warps a CTA (x in fragment order at 16 tokens, sm_90a:
+    76 registers with 8 k-warps, 82 with 14, one CTA an SM instead of two). Not the block-columns kernel."""
+    groups, k_warps, cap = split
+    if not WIDEN_K_WARPS or columns or grid_warps(n, groups, k_warps) >= WIDEN_BELOW_WARPS * sms:
+        return split
+    steps = k_steps(k)
+    best = (chain(steps, k_warps), k_warps, cap)
+    for kw in range(k_warps + 1, K_WARPS_MAX + 1):
+        c = chain(steps, kw)
+        if c >= best[0] or (not few_tokens and 4 * steps < 3 * kw * c):
+            continue
+        if cap and (steps < CAP_MIN_STEPS * kw or REGISTER_FILE // (cap * 32 * kw) < 2):
+            continue
+        if grid_warps(n, groups, kw) <= resident_warps(groups, kw, token_tiles, cap, columns, fragments) * sms:
+            best = (c, kw, cap or _cap_at(model_registers(groups, token_tiles, columns, fragments), kw))
+    return groups, best[1], best[2]
 
 
 # A cluster only where choose_split's k-warps have at least this many K steps each on the mean: where one k-warp in
@@ -432,9 +468,12 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     token_tiles = 1 if columns else override.get("token_tiles") or (1 if parts == 2 else token_tiles_for(m, n, k))
     _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, fmt if columns else "",
                                                 fragments_key(x_dtype, fold) if fragments else "")
-    # An override of the split (sweeps, tests) means that split on its own, unless it names k_splits too.
+    # An override of the split (sweeps, tests) means that split on its own, uncapped and unclustered unless it names
+    # max_registers and k_splits too.
     if any(f in override for f in ("groups", "k_warps", "max_registers")):
         splits = 1
+    if any(f in override for f in ("groups", "k_warps", "k_splits")):
+        cap = 0
     m_major = not columns and splits == 1 and m_major_for(m, n, k, 16 // parts * override.get("groups", groups))
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap,
