@@ -250,22 +250,28 @@ def fragments_fp16_ab(shapes=SHAPES, tokens=(9, 12, 16), rounds=2, csv_path=None
                 before = kernels.config_for(m, n, k, "nvfp4", "plain", "fp16", False, True)
             if now == before or not now.x_fragments:
                 continue
-            times = {"now": math.inf, "before": math.inf}
-            for _ in range(rounds):
-                for name, cfg in (("before", before), ("now", now)):
-                    with _kernels_patched(**(before_rules if name == "before" else {})):
-                        ov = _ab_fields(cfg)
-                        times[name] = min(times[name], _time(lambda: ours(n, k, m, "nvfp4", torch.float16, **ov)))
-            row = dict(n=n, k=k, m=m, read_us=round(read, 3), before_us=round(times["before"], 3),
-                       now_us=round(times["now"], 3), now_over_before=round(times["now"] / times["before"], 4),
-                       before=f"g{before.groups} kw{before.k_warps} r{before.max_registers}",
-                       now=f"g{now.groups} kw{now.k_warps} r{now.max_registers}")
+            row = dict(n=n, k=k, m=m, read_us=round(read, 3),
+                       **_before_now(n, k, m, "nvfp4", torch.float16, before, now, rounds, before_rules))
             rows.append(row)
             log(" ".join(f"{key}={val}" for key, val in row.items()))
     if csv_path:
         write_csv(rows, csv_path)
     return rows
 
+
+def _before_now(n, k, m, fmt, dtype, before, now, rounds, before_rules=None) -> dict:
+    """µs per call of one point's config under the rules before a change and now, alternately `rounds` times, the
+    best of each (`before_rules`: names in nvfp4_gemv.linear.kernels patched while `before` runs), as row fields."""
+    times = {"before": math.inf, "now": math.inf}
+    for _ in range(rounds):
+        for name, cfg in (("before", before), ("now", now)):
+            with _kernels_patched(**(before_rules if before_rules and name == "before" else {})):
+                ov = _ab_fields(cfg)
+                times[name] = min(times[name], _time(lambda: ours(n, k, m, fmt, dtype, **ov)))
+    return dict(before_us=round(times["before"], 3), now_us=round(times["now"], 3),
+                now_over_before=round(times["now"] / times["before"], 4),
+                before=f"g{before.groups} kw{before.k_warps} ks{before.k_splits} r{before.max_registers}",
+                now=f"g{now.groups} kw{now.k_warps} ks{now.k_splits} r{now.max_registers}")
 
 
 def k_warps_ab(shapes=SHAPES, tokens=(1, 4, 8, 12, 16), formats=FORMATS, dtypes=(torch.bfloat16,), rounds=2,
@@ -290,22 +296,15 @@ def k_warps_ab(shapes=SHAPES, tokens=(1, 4, 8, 12, 16), formats=FORMATS, dtypes=
                         continue
                     if read is None:
                         read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt)))
-                    times = {"before": math.inf, "now": math.inf}
-                    for _ in range(rounds):
-                        for name, cfg in (("before", before), ("now", now)):
-                            ov = _ab_fields(cfg)
-                            times[name] = min(times[name], _time(lambda: ours(n, k, m, fmt, dtype, **ov)))
                     row = dict(n=n, k=k, m=m, fmt=fmt, x=xd, read_us=round(read, 3),
-                               before_us=round(times["before"], 3), now_us=round(times["now"], 3),
-                               now_over_before=round(times["now"] / times["before"], 4),
-                               now_over_read=round(times["now"] / read, 4),
-                               before=f"g{before.groups} kw{before.k_warps} ks{before.k_splits} r{before.max_registers}",
-                               now=f"g{now.groups} kw{now.k_warps} ks{now.k_splits} r{now.max_registers}")
+                               **_before_now(n, k, m, fmt, dtype, before, now, rounds))
+                    row["now_over_read"] = round(row["now_us"] / read, 4)
                     rows.append(row)
                     log(" ".join(f"{key}={val}" for key, val in row.items()))
     if csv_path:
         write_csv(rows, csv_path)
     return rows
+
 
 # (M, N, K, format, global scale) whose dispatched config with fp16 x is one the register caps of 2026-12-04 touch:
 # the fold with two K parts (8 and 16 warps a CTA), the fold with x in fragment order, NVFP4's 16-token fragment
