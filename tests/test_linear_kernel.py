@@ -166,7 +166,7 @@ def test_split_rules_measured_on_shapes_no_file_named(monkeypatch):
         assert nv16.x_fragments and (nv16.groups, nv16.k_warps) == (1, 2)
 
 
-def test_widen_k_warps():
+def test_widen_k_warps(monkeypatch):
     """Any number of k-warps (widen_k_warps) where the power-of-two split's grid holds under WIDEN_BELOW_WARPS warps
     an SM: the shortest chain that still fits one wave, capped at the model's registers; never a longer chain, never
     past one wave. Graph-timed on the H200 (nvfp4_gemv.linear.bench.k_warps_ab, docs/linear_h200_k_warps_*.csv)."""
@@ -188,11 +188,9 @@ def test_widen_k_warps():
         [(4096, 14336), (2880, 2880), (17664, 18688), (2368, 6912), (1216, 1088), (9152, 768), (181, 8320),
          (28672, 4096), (8192, 28672), (640, 2048)], (1, 2, 4, 8, 12, 16), ("nvfp4", "mxfp4"), ("bf16", "fp16")):
         now = cfg(m, n, k, fmt, xd)
-        kernels.WIDEN_K_WARPS = False
-        try:
+        with monkeypatch.context() as mp:
+            mp.setattr(kernels, "WIDEN_K_WARPS", False)
             pow2 = cfg(m, n, k, fmt, xd)
-        finally:
-            kernels.WIDEN_K_WARPS = True
         if now == pow2:
             continue
         # k_parts_for weighs the widened split too, so two K parts a row may give way to one (1216 x 1088 at 8 and

@@ -217,7 +217,7 @@ def widen_k_warps(n: int, k: int, sms: int, token_tiles: int, columns: str, few_
         c = chain(steps, kw)
         if c >= best[0] or (not few_tokens and 4 * steps < 3 * kw * c):
             continue
-        if cap and (steps < CAP_MIN_STEPS * kw or REGISTER_FILE // (cap * 32 * kw) < 2):
+        if cap and (steps < CAP_MIN_STEPS * kw or not _cap_at(cap, kw)):
             continue
         if grid_warps(n, groups, kw) <= resident_warps(groups, kw, token_tiles, cap, columns, fragments) * sms:
             best = (c, kw, cap or _cap_at(model_registers(groups, token_tiles, columns, fragments), kw))
