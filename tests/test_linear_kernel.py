@@ -203,7 +203,7 @@ def test_widen_k_warps(monkeypatch):
                 steps, pow2.k_warps * pow2.k_splits), (n, k, m, fmt, xd)
         frag = kernels.fragments_key(xd, now.mx_fold) if now.x_fragments else ""
         assert now.max_registers in (pow2.max_registers, kernels.model_registers(now.groups, now.token_tiles, "", frag))
-        rows = n * (2 if now.k_parts == 2 else 1) * (2 if m > 8 and now.token_tiles == 1 else 1)
+        rows = kernels._split(m, n, k, 132, now.k_parts, now.token_tiles, "", frag)[0]  # the rows the split sees
         assert kernels.grid_warps(rows, now.groups, now.k_warps) <= 132 * kernels.resident_warps(
             now.groups, now.k_warps, now.token_tiles, now.max_registers, "", frag)
 
