@@ -3,6 +3,7 @@ the config choice, and on a GPU the numbers: full-range data against the fp32 re
 reference's own rounding to the output dtype), one-hot probes of nibble order, sign and scale indexing per format,
 odd N, K = 2880, M past 16, every split the dispatcher can choose, and bit-identical results over 100 runs."""
 
+import itertools
 import json
 
 import pytest
@@ -170,7 +171,6 @@ def test_widen_k_warps(monkeypatch):
     """Any number of k-warps (widen_k_warps) where the power-of-two split's grid holds under WIDEN_BELOW_WARPS warps
     an SM: the shortest chain that still fits one wave, capped at the model's registers; never a longer chain, never
     past one wave. Graph-timed on the H200 (nvfp4_gemv.linear.bench.k_warps_ab, docs/linear_h200_k_warps_*.csv)."""
-    import itertools
 
     def cfg(m, n, k, fmt="nvfp4", xd="bf16"):
         return kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4", 132)
@@ -206,6 +206,38 @@ def test_widen_k_warps(monkeypatch):
         rows = kernels._split(m, n, k, 132, now.k_parts, now.token_tiles, "", frag)[0]  # the rows the split sees
         assert kernels.grid_warps(rows, now.groups, now.k_warps) <= 132 * kernels.resident_warps(
             now.groups, now.k_warps, now.token_tiles, now.max_registers, "", frag)
+
+
+def test_one_group_ab_points():
+    """The points `bench.one_group_ab` times: 16-token two-group splits whose grid holds under WIDEN_BELOW_WARPS warps
+    an SM, against the rules' one-group split, which holds more warps in one wave; other points are skipped. And the
+    shapes `bench.drawn_shapes` draws for such checks: reproducible, aligned, in range."""
+    from nvfp4_gemv.linear import bench
+
+    def pair(m, n, k, fmt="nvfp4"):
+        cfg = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4", 132)
+        return cfg, bench.one_group(m, n, k, fmt, "bf16", cfg)
+
+    cfg, other = pair(16, 8192, 28672)
+    assert (cfg.groups, cfg.k_warps, cfg.max_registers) == (2, 8, 0)
+    assert (other.groups, other.k_warps, other.max_registers, other.token_tiles) == (1, 7, 72, 2)
+    assert pair(16, 4096, 14336)[1] is None  # one group already
+    assert pair(4, 8192, 28672)[1] is None  # one token tile
+    shapes = bench.drawn_shapes(60, 1205)
+    assert shapes == bench.drawn_shapes(60, 1205) and len(set(shapes)) == 60
+    assert all(n % 8 == 0 and k % 64 == 0 and 1024 <= n <= 32768 and 1024 <= k <= 28672 for n, k in shapes)
+    found = 0
+    for (n, k), m, fmt in itertools.product(list(bench.SHAPES) + shapes, (9, 12, 16), ("nvfp4", "mxfp4")):
+        cfg, other = pair(m, n, k, fmt)
+        if other is None:
+            continue
+        found += 1
+        assert (cfg.groups, cfg.token_tiles, other.groups, other.token_tiles) == (2, 2, 1, 2)
+        frag = kernels.fragments_key("bf16", other.mx_fold) if other.x_fragments else ""
+        warps, wave = kernels.grid_warps(n, 1, other.k_warps), 132 * kernels.resident_warps(
+            1, other.k_warps, 2, other.max_registers, "", frag)
+        assert kernels.grid_warps(n, 2, cfg.k_warps) < kernels.WIDEN_BELOW_WARPS * 132 and warps <= wave
+    assert found >= 10
 
 
 def test_small_weights_split_9_to_16_tokens_over_two_ctas():
@@ -368,7 +400,6 @@ def test_dispatched_configs_fit_the_resident_warp_model(tmp_path):
     chosen to fill one wave, and one CTA an SM fewer can make that two (MXFP4's fold uncapped at one group of one
     tile did: 8192 x 28672 at 4 tokens, fp16 x, 2.15 x the read against 1.34 capped)."""
     import dataclasses
-    import itertools
     from concurrent.futures import ThreadPoolExecutor
 
     from nvfp4_gemv.dispatch import ctas_per_sm

@@ -46,6 +46,19 @@ def random_weights(n: int, k: int, fmt: str, device="cuda"):
     return w, sf
 
 
+def drawn_shapes(count: int, seed: int, lo=(1024, 1024), hi=(32768, 28672)) -> list[tuple[int, int]]:
+    """`count` (N, K) drawn log-uniform between `lo` and `hi` by Python's `random` seeded `seed`, N a multiple of 8
+    and K of 64: decode shapes that no file names, for checking a rule on points it was not fitted to."""
+    import random
+
+    rng = random.Random(seed)
+
+    def draw(a, b, step):
+        return max(step, round(math.exp(rng.uniform(math.log(a), math.log(b))) / step) * step)
+
+    return [(draw(lo[0], hi[0], 8), draw(lo[1], hi[1], 64)) for _ in range(count)]
+
+
 def _pool(make, nbytes: int):
     return [make() for _ in range(max(2, -(-POOL_BYTES // nbytes)))]
 
@@ -274,12 +287,10 @@ def _before_now(n, k, m, fmt, dtype, before, now, rounds, before_rules=None) -> 
                 now=f"g{now.groups} kw{now.k_warps} ks{now.k_splits} r{now.max_registers}")
 
 
-def k_warps_ab(shapes=SHAPES, tokens=(1, 4, 8, 12, 16), formats=FORMATS, dtypes=(torch.bfloat16,), rounds=2,
-               csv_path=None, log=print):
-    """µs per call at every (shape, M, format, x dtype) where `kernels.widen_k_warps` changes the launcher's split:
-    the dispatched config against the one the rules give with k-warps in powers of two (WIDEN_K_WARPS False),
-    alternately `rounds` times, the best of each; with the read of the same bytes. Points where the two configs are
-    the same are skipped."""
+def _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log):
+    """µs per call at every (shape, M, format, x dtype) where `pair(m, n, k, fmt, x_dtype, dispatched)` gives two
+    configs (before, now) to time (None: the point is skipped), alternately `rounds` times, the best of each; with
+    the read of the same bytes."""
     from nvfp4_gemv.linear import kernels
 
     rows = []
@@ -289,21 +300,65 @@ def k_warps_ab(shapes=SHAPES, tokens=(1, 4, 8, 12, 16), formats=FORMATS, dtypes=
             for dtype in dtypes:
                 xd = kernels._X_DTYPES[dtype]
                 for m in tokens:
-                    now = kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4")
-                    with _kernels_patched(WIDEN_K_WARPS=False):
-                        before = kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4")
-                    if now == before:
+                    dispatched = kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4")
+                    configs = pair(m, n, k, fmt, xd, dispatched)
+                    if configs is None or configs[0] == configs[1]:
                         continue
                     if read is None:
                         read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt)))
                     row = dict(n=n, k=k, m=m, fmt=fmt, x=xd, read_us=round(read, 3),
-                               **_before_now(n, k, m, fmt, dtype, before, now, rounds))
+                               **_before_now(n, k, m, fmt, dtype, *configs, rounds))
                     row["now_over_read"] = round(row["now_us"] / read, 4)
                     rows.append(row)
                     log(" ".join(f"{key}={val}" for key, val in row.items()))
     if csv_path:
         write_csv(rows, csv_path)
     return rows
+
+
+def k_warps_ab(shapes=SHAPES, tokens=(1, 4, 8, 12, 16), formats=FORMATS, dtypes=(torch.bfloat16,), rounds=2,
+               csv_path=None, log=print):
+    """µs per call at every (shape, M, format, x dtype) where `kernels.widen_k_warps` changes the launcher's split:
+    the dispatched config against the one the rules give with k-warps in powers of two (WIDEN_K_WARPS False),
+    alternately `rounds` times, the best of each; with the read of the same bytes. Points where the two configs are
+    the same are skipped."""
+    from nvfp4_gemv.linear import kernels
+
+    def pair(m, n, k, fmt, xd, now):
+        with _kernels_patched(WIDEN_K_WARPS=False):
+            return kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4"), now
+
+    return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log)
+
+
+def one_group(m, n, k, fmt, x_dtype, dispatched):
+    """Where the launcher's split is 16-token CTAs of two row groups whose grid holds fewer than
+    `kernels.WIDEN_BELOW_WARPS` warps an SM (widen_k_warps leaves such splits as they are when no k-warp count
+    shortens their chain within one wave), the config its rules give among one-group splits (then widened as any
+    split is); else None. 8192 x 28672 at 12-16 tokens: two groups of 8 k-warps, 15.5 warps an SM, against one group
+    of 7 capped at 72 registers, 27."""
+    from nvfp4_gemv.linear import kernels
+
+    if dispatched.groups != 2 or dispatched.token_tiles != 2 or dispatched.k_parts != 1:
+        return None
+    rows, *_ = kernels._split(m, n, k, kernels.H200_SMS, 1, 2)
+    if kernels.grid_warps(rows, 2, dispatched.k_warps) >= kernels.WIDEN_BELOW_WARPS * kernels.H200_SMS:
+        return None
+    with _kernels_patched(SPLITS=tuple(s for s in kernels.SPLITS if s[0] == 1)):
+        return kernels.config_for(m, n, k, fmt, "plain", x_dtype, False, fmt == "nvfp4")
+
+
+def one_group_ab(shapes=SHAPES, tokens=(12, 16), formats=FORMATS, dtypes=(torch.bfloat16,), rounds=2, csv_path=None,
+                 log=print):
+    """µs per call at every (shape, M, format, x dtype) where `one_group` gives a config: the dispatched two-group
+    split (before) against the one-group one (now), alternately `rounds` times, the best of each; with the read of
+    the same bytes."""
+
+    def pair(m, n, k, fmt, xd, dispatched):
+        other = one_group(m, n, k, fmt, xd, dispatched)
+        return None if other is None else (dispatched, other)
+
+    return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log)
 
 
 # (M, N, K, format, global scale) whose dispatched config with fp16 x is one the register caps of 2026-12-04 touch:
