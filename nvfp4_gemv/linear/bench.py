@@ -114,10 +114,13 @@ def sweep(configs=None, shapes=SHAPES, tokens=TOKENS, formats=("nvfp4",), csv_pa
     return rows
 
 
-def x_fragments_ab(shapes=SHAPES, tokens=(1, 2, 3, 4, 8, 12, 16), formats=FORMATS, rounds=2, csv_path=None, log=print):
+def x_fragments_ab(shapes=SHAPES, tokens=(1, 2, 3, 4, 8, 12, 16), formats=FORMATS, rounds=2, csv_path=None, log=print,
+                   more=None):
     """µs per call at every (shape, M, format) of the launcher's split with x in fragment order forced on and off
     (and block columns where their rule takes them), alternately `rounds` times, the best of each; with the read of
-    the same bytes: the data behind `kernels.X_FRAGMENTS_MIN_CODE_BYTES`. A shape may carry x's dtype third."""
+    the same bytes: the data behind `kernels.X_FRAGMENTS_MIN_CODE_BYTES`. A shape may carry x's dtype third. `more`:
+    {name: config fields} of further variants, timed in the same rounds (e.g. {"parts2": dict(k_parts=2,
+    x_fragments=True)}: two K parts a row with x in fragment order, which the rules give from 3 tokens, at 1-2)."""
     from nvfp4_gemv.linear import kernels
 
     rows = []
@@ -130,6 +133,7 @@ def x_fragments_ab(shapes=SHAPES, tokens=(1, 2, 3, 4, 8, 12, 16), formats=FORMAT
                 variants = {"default": dict(x_fragments=False), "fragments": dict(x_fragments=True)}
                 if kernels.block_columns_for(m, n, k, fmt, kernels.H200_SMS, kernels._X_DTYPES[dtype]):
                     variants["columns"] = dict(block_columns=True)
+                variants.update(more or {})
                 times = {name: math.inf for name in variants}
                 for _ in range(rounds):
                     for name, ov in variants.items():
@@ -137,7 +141,8 @@ def x_fragments_ab(shapes=SHAPES, tokens=(1, 2, 3, 4, 8, 12, 16), formats=FORMAT
                 row = dict(n=n, k=k, m=m, fmt=fmt, x=kernels._X_DTYPES[dtype], read_us=round(read, 3),
                            default_us=round(times["default"], 3), fragments_us=round(times["fragments"], 3),
                            columns_us=round(times.get("columns", math.nan), 3),
-                           fragments_over_default=round(times["fragments"] / times["default"], 4))
+                           fragments_over_default=round(times["fragments"] / times["default"], 4),
+                           **{f"{name}_us": round(times[name], 3) for name in more or {}})
                 rows.append(row)
                 log(" ".join(f"{key}={val}" for key, val in row.items()))
     if csv_path:
