@@ -321,19 +321,44 @@ def _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log):
     return rows
 
 
+def rules_ab(patch: dict, proposed: bool = True, shapes=SHAPES, tokens=(9, 12, 16), formats=FORMATS,
+             dtypes=(torch.bfloat16,), rounds=2, csv_path=None, log=print):
+    """µs per call at every (shape, M, format, x dtype) where the launcher's rules with `patch` (names in
+    nvfp4_gemv.linear.kernels replaced, as `_kernels_patched` does) give another config than the dispatched one:
+    the two alternately `rounds` times, the best of each; with the read of the same bytes. `proposed`: the patched
+    rules are the change to try ("now"); else the rules as they were before a change ("before")."""
+    from nvfp4_gemv.linear import kernels
+
+    def pair(m, n, k, fmt, xd, dispatched):
+        with _kernels_patched(**patch):
+            other = kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4")
+        return (dispatched, other) if proposed else (other, dispatched)
+
+    return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log)
+
+
 def k_warps_ab(shapes=SHAPES, tokens=(1, 4, 8, 12, 16), formats=FORMATS, dtypes=(torch.bfloat16,), rounds=2,
                csv_path=None, log=print):
     """µs per call at every (shape, M, format, x dtype) where `kernels.widen_k_warps` changes the launcher's split:
     the dispatched config against the one the rules give with k-warps in powers of two (WIDEN_K_WARPS False),
     alternately `rounds` times, the best of each; with the read of the same bytes. Points where the two configs are
     the same are skipped."""
+    return rules_ab(dict(WIDEN_K_WARPS=False), False, shapes, tokens, formats, dtypes, rounds, csv_path, log)
+
+
+def two_groups_capped(registers: int = 96) -> dict:
+    """A `rules_ab` patch: 16-token CTAs of two row groups with bf16 x in fragment order counted at, and capped to,
+    `registers` a thread (where the cap leaves 2 or more CTAs an SM; 10 k-warps at 96) instead of the 128 ptxas takes
+    uncapped. sm_90a (nvdisasm): at 96, NVFP4 with plain scales and a global scale spills nothing and its K loop
+    takes 405 instructions a step against 382; MXFP4 spills 20 words outside the loop (466 against 442); NVFP4 with
+    the 128x4 scale layout and a bias reloads 16 spilled words in the loop, and fp16 x spills 22 (so the patch is
+    bf16 only, and a rule from it would need those classes apart). With the rules' ties to more groups, it also
+    turns some one-group 16-token splits (72 registers, 26-27 warps an SM) into two groups (18 warps an SM)."""
     from nvfp4_gemv.linear import kernels
 
-    def pair(m, n, k, fmt, xd, now):
-        with _kernels_patched(WIDEN_K_WARPS=False):
-            return kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4"), now
-
-    return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log)
+    key = (2, 2, "bf16")
+    return dict(FRAGMENT_REGISTERS={**kernels.FRAGMENT_REGISTERS, key: registers},
+                FRAGMENT_CAPS=kernels.FRAGMENT_CAPS + (key,))
 
 
 def one_group(m, n, k, fmt, x_dtype, dispatched):
