@@ -800,6 +800,7 @@ ANY_K_WARPS = [
     (16, dict(token_tiles=2, k_warps=5, x_fragments=True)), (16, dict(token_tiles=2, groups=2, k_warps=3)),
     (9, dict(token_tiles=2, k_warps=9, k_splits=2)), (3, dict(k_warps=15, x_fragments=True)),
     (16, dict(token_tiles=2, groups=2, k_warps=10, max_registers=96, x_fragments=True, acc_sets=2)),
+    (16, dict(token_tiles=2, k_warps=16, max_registers=64, x_fragments=True)),
 ]
 # Each case in two of the six (format, scale layout, x dtype) combinations, all six over the cases (compiles are the
 # cost: one kernel a config and combination).

@@ -346,19 +346,25 @@ def k_warps_ab(shapes=SHAPES, tokens=(1, 4, 8, 12, 16), formats=FORMATS, dtypes=
     return rules_ab(dict(WIDEN_K_WARPS=False), False, shapes, tokens, formats, dtypes, rounds, csv_path, log)
 
 
-def two_groups_capped(registers: int = 96) -> dict:
-    """A `rules_ab` patch: 16-token CTAs of two row groups with bf16 x in fragment order counted at, and capped to,
-    `registers` a thread (where the cap leaves 2 or more CTAs an SM; 10 k-warps at 96) instead of the 128 ptxas takes
-    uncapped. sm_90a (nvdisasm): at 96, NVFP4 with plain scales and a global scale spills nothing and its K loop
-    takes 405 instructions a step against 382; MXFP4 spills 20 words outside the loop (466 against 442); NVFP4 with
-    the 128x4 scale layout and a bias reloads 16 spilled words in the loop, and fp16 x spills 22 (so the patch is
-    bf16 only, and a rule from it would need those classes apart). With the rules' ties to more groups, it also
-    turns some one-group 16-token splits (72 registers, 26-27 warps an SM) into two groups (18 warps an SM)."""
+def fragments_capped(groups: int, registers: int, x_dtypes=("bf16",)) -> dict:
+    """A `rules_ab` patch: 16-token CTAs of `groups` row groups with x in fragment order (x of `x_dtypes`, not the
+    scale fold) counted at, and capped to, `registers` a thread wherever the cap leaves 2 or more CTAs an SM.
+    sm_90a (nvdisasm, the K loop's instructions a 128-K step; 2026-12-05):
+    - one group at 64 (uncapped: 76 with NVFP4 and bf16 x, 66 with MXFP4; FRAGMENT_REGISTERS counts 72): 208 against
+      203 with NVFP4 and bf16 x at 4, 8 and 16 k-warps (211 with the 128x4 scale layout and a bias), 189 against 179
+      with fp16 x, 237 against 236 with MXFP4; nothing spilled in the loop, 6-12 words outside it. 16 k-warps then
+      hold 2 CTAs an SM (32 warps) instead of 1, 8 hold 4 instead of 3; and on a tie in warps the rules' one group
+      now holds as many as two groups, so 8192 x 28672 at 16 tokens goes from two groups of 8 k-warps (15.5 warps
+      an SM) to one (31).
+    - two groups at 96 (uncapped: 128): with NVFP4, bf16 x and plain scales, 405 against 382 at 5, 9 and 10 k-warps
+      and nothing spilled, but 4 k-warps reload 26 spilled words in the loop, and so do the 128x4 scale layout with
+      a bias (5 k-warps); MXFP4 466 against 442 (20 words spilled outside the loop); fp16 x 22 spilled, 396 against
+      337. So a rule from it would need those classes apart."""
     from nvfp4_gemv.linear import kernels
 
-    key = (2, 2, "bf16")
-    return dict(FRAGMENT_REGISTERS={**kernels.FRAGMENT_REGISTERS, key: registers},
-                FRAGMENT_CAPS=kernels.FRAGMENT_CAPS + (key,))
+    keys = [(groups, 2, d) for d in x_dtypes]
+    return dict(FRAGMENT_REGISTERS={**kernels.FRAGMENT_REGISTERS, **{key: registers for key in keys}},
+                FRAGMENT_CAPS=tuple(dict.fromkeys(kernels.FRAGMENT_CAPS + tuple(keys))))
 
 
 def one_group(m, n, k, fmt, x_dtype, dispatched):
