@@ -87,3 +87,26 @@ def compiled_ptx(module: str, cls: str, config_kwargs: dict, arch: str, dump, co
     config = f"**json.loads({json.dumps(json.dumps(config_kwargs))})"
     tail = "p = c.__ptx__\nsys.stdout.write(open(p).read() if p and p.endswith('.ptx') else p)\n"
     return _compile_in_child(module, cls, config, arch, "ptx", dump, config_module, config_cls, tail, "torch")
+
+
+def k_loop_spills(dump) -> list[int]:
+    """Spill loads and stores (LDL, STL) in each MMA loop of the cubin a compiled_registers_all call left in `dump`:
+    the SASS (nvdisasm, from the nvidia-cuda-nvdisasm wheel the test extras install) between a loop's label and the
+    backward branch to it, for each loop with an HMMA in it."""
+    import re
+
+    from nvfp4_gemv.artifacts import _nvdisasm
+
+    nvdisasm = _nvdisasm()
+    assert nvdisasm, "nvdisasm not found: install the test extras (nvidia-cuda-nvdisasm)"
+    (cubin,) = dump.glob("*.cubin")
+    lines = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
+    spills = []
+    for i, line in enumerate(lines):
+        m = re.search(r"\bBRA\s+`\((\.L_x_\d+)\)", line)
+        if m and labels.get(m.group(1), i) < i:
+            body = lines[labels[m.group(1)] : i + 1]
+            if any("HMMA" in b for b in body):
+                spills.append(sum(bool(re.search(r"\b(?:STL|LDL)\b", b)) for b in body))
+    return spills

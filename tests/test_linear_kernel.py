@@ -398,13 +398,16 @@ def test_dispatched_configs_fit_the_resident_warp_model(tmp_path):
     1-16 tokens, both formats and x dtypes (NVFP4 with a global scale, as checkpoints have it), gets from ptxas
     (sm_90a) no more registers than let an SM hold the CTAs the resident-warp model counts for it: the split is
     chosen to fill one wave, and one CTA an SM fewer can make that two (MXFP4's fold uncapped at one group of one
-    tile did: 8192 x 28672 at 4 tokens, fp16 x, 2.15 x the read against 1.34 capped)."""
+    tile did: 8192 x 28672 at 4 tokens, fp16 x, 2.15 x the read against 1.34 capped). And none spills in its K loop
+    (sm_90a SASS) but at the register caps taken for warps and timed as they spill: CAPS' one-group cap (1 spill
+    instruction in the loop with bf16 x, 4 with fp16) and the scale fold's (mx_fold_cap: 2-25); BENCHMARKS.md, "Fewer
+    registers at 16 tokens a CTA"."""
     import dataclasses
     from concurrent.futures import ThreadPoolExecutor
 
     from nvfp4_gemv.dispatch import ctas_per_sm
     from nvfp4_gemv.linear.bench import SHAPES
-    from registers import allocation, compiled_registers_all
+    from registers import allocation, compiled_registers_all, k_loop_spills
 
     configs = {}
     for (n, k), m, fmt, xd in itertools.product(
@@ -422,19 +425,24 @@ def test_dispatched_configs_fit_the_resident_warp_model(tmp_path):
                     ("linear_w4a16_fragments", "LinearW4A16Fragments") if c.x_fragments else
                     ("linear_w4a16", "LinearW4A16"))
         args = ", ".join(f"{f.name}={getattr(c, f.name)!r}" for f in dataclasses.fields(c))
-        return allocation(max(compiled_registers_all(mod, cls, args, tmp_path / f"c{i}", "linear_w4a16",
-                                                     "LinearW4A16Config")))
+        regs = compiled_registers_all(mod, cls, args, tmp_path / f"c{i}", "linear_w4a16", "LinearW4A16Config")
+        return allocation(max(regs)), k_loop_spills(tmp_path / f"c{i}")
 
     with ThreadPoolExecutor(2) as pool:  # each compile runs in its own child process
         got = list(pool.map(registers, enumerate(configs.values())))
-    short = []
-    for c, regs in zip(configs.values(), got):
+    short, spilled = [], []
+    for c, (regs, spills) in zip(configs.values(), got):
         counted = kernels.resident_warps(c.groups, c.k_warps, c.token_tiles, c.max_registers,
                                          c.fmt if c.block_columns else "",
                                          kernels.fragments_key(c.x_dtype, c.mx_fold) if c.x_fragments else "")
         if ctas_per_sm(regs, c.k_warps) * c.k_warps < counted:
             short.append((regs, counted, c))
+        assert spills, c  # the K loop was found
+        capped_for_warps = c.max_registers in kernels.CAPS.values() or (c.mx_fold and c.max_registers)
+        if max(spills) > (25 if capped_for_warps else 0):
+            spilled.append((spills, c))
     assert not short, short
+    assert not spilled, spilled
 
 
 @pytest.mark.slow
