@@ -1,8 +1,10 @@
 """What the compiler makes of a kernel, for tests: the registers a thread takes as ptxas allocates them for sm_90a
-(tests that check a dispatch model's register table against the compiler), and a kernel's PTX for any arch."""
+(tests that check a dispatch model's register table against the compiler), the spill loads and stores in the MMA
+loops of an sm_90a build, and a kernel's PTX for any arch."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -93,8 +95,6 @@ def k_loop_spills(dump) -> list[int]:
     """Spill loads and stores (LDL, STL) in each MMA loop of the cubin a compiled_registers_all call left in `dump`:
     the SASS (nvdisasm, from the nvidia-cuda-nvdisasm wheel the test extras install) between a loop's label and the
     backward branch to it, for each loop with an HMMA in it."""
-    import re
-
     from nvfp4_gemv.artifacts import _nvdisasm
 
     nvdisasm = _nvdisasm()

@@ -347,21 +347,22 @@ def k_warps_ab(shapes=SHAPES, tokens=(1, 4, 8, 12, 16), formats=FORMATS, dtypes=
 
 
 def fragments_capped(groups: int, registers: int, x_dtypes=("bf16",)) -> dict:
-    """A `rules_ab` patch: 16-token CTAs of `groups` row groups with x in fragment order (x of `x_dtypes`, not the
-    scale fold) counted at, and capped to, `registers` a thread wherever the cap leaves 2 or more CTAs an SM.
-    sm_90a (nvdisasm, the K loop's instructions a 128-K step; 2026-12-05):
+    """A `rules_ab` patch: 16-token CTAs of `groups` row groups with x in fragment order (x of `x_dtypes`, not the scale
+    fold) counted at, and capped to, `registers` a thread wherever the cap leaves 2 or more CTAs an SM. sm_90a
+    (nvdisasm, the K loop's instructions a 128-K step; 2026-12-05):
     - one group at 64 (uncapped: 76 with NVFP4 and bf16 x, 66 with MXFP4; FRAGMENT_REGISTERS counts 72): 208 against
       203 with NVFP4 and bf16 x at 4, 8 and 16 k-warps (211 with the 128x4 scale layout and a bias), 189 against 179
-      with fp16 x, 237-240 against 236 with MXFP4; no spill in the loop, 10-20 spill loads and stores outside it. 16 k-warps then
-      hold 2 CTAs an SM (32 warps) instead of 1, 8 hold 4 instead of 3; and on a tie in warps the rules' one group
-      now holds as many as two groups, so 8192 x 28672 at 16 tokens goes from two groups of 8 k-warps (15.5 warps
-      an SM) to one (31).
+      with fp16 x, 237-240 against 236 with MXFP4; no spill in the loop, 10-20 spill loads and stores outside it. 16
+      k-warps then hold 2 CTAs an SM (32 warps) instead of 1, 8 hold 4 instead of 3; and on a tie in warps the
+      rules' one group now holds as many as two groups, so 8192 x 28672 at 16 tokens goes from two groups of 8
+      k-warps (15.5 warps an SM) to one (31).
     - two groups at 96 (uncapped: 128): with NVFP4, bf16 x and plain scales, 405 against 382 at 5, 6, 9 and 10
       k-warps and nothing spilled, but 4 k-warps take 43 spill loads and stores in the loop, the 128x4 scale layout
-      with a bias 18 (5 k-warps), fp16 x 27 (396 against 337); MXFP4 466 against 442, its 34 outside the loop. At 3 and 7 k-warps the cap's CTAs (7 and 3: 21 warps) put 6 warps on one of the SM's four
-      register-file partitions, so ptxas gets 16384 / (6 x 32) -> 80 registers, not 96, and spills (57 in the loop)
-      (the resident-warp model, `dispatch.ctas_per_sm`, counts the whole register file and does not see this).
-      So a rule from it would need those classes and k-warp counts apart."""
+      with a bias 18 (5 k-warps), fp16 x 27 (396 against 337); MXFP4 466 against 442, its 34 outside the loop. At 3
+      and 7 k-warps the cap's CTAs (7 and 3: 21 warps) put 6 warps on one of the SM's four register-file partitions,
+      so ptxas gets 16384 / (6 x 32) -> 80 registers, not 96, and spills (57 in the loop) (the resident-warp model,
+      `dispatch.ctas_per_sm`, counts the whole register file and does not see this). So a rule from it would need
+      those classes and k-warp counts apart."""
     from nvfp4_gemv.linear import kernels
 
     keys = [(groups, 2, d) for d in x_dtypes]
@@ -379,8 +380,7 @@ def one_group(m, n, k, fmt, x_dtype, dispatched):
 
     if dispatched.groups != 2 or dispatched.token_tiles != 2 or dispatched.k_parts != 1:
         return None
-    rows, *_ = kernels._split(m, n, k, kernels.H200_SMS, 1, 2)
-    if kernels.grid_warps(rows, 2, dispatched.k_warps) >= kernels.WIDEN_BELOW_WARPS * kernels.H200_SMS:
+    if kernels.grid_warps(n, 2, dispatched.k_warps) >= kernels.WIDEN_BELOW_WARPS * kernels.H200_SMS:
         return None
     with _kernels_patched(SPLITS=tuple(s for s in kernels.SPLITS if s[0] == 1)):
         return kernels.config_for(m, n, k, fmt, "plain", x_dtype, False, fmt == "nvfp4")
