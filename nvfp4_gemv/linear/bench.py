@@ -258,32 +258,18 @@ def fragments_fp16_ab(shapes=SHAPES, tokens=(9, 12, 16), rounds=2, csv_path=None
     from nvfp4_gemv.linear import kernels
 
     table = {key: regs for key, regs in kernels.FRAGMENT_REGISTERS.items() if key[2] != "fp16"}
-    before_rules = dict(FRAGMENT_REGISTERS=table, FRAGMENT_CAPS=())
-    rows = []
-    for n, k in shapes:
-        read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, "nvfp4")))
-        for m in tokens:
-            now = kernels.config_for(m, n, k, "nvfp4", "plain", "fp16", False, True)
-            with _kernels_patched(**before_rules):
-                before = kernels.config_for(m, n, k, "nvfp4", "plain", "fp16", False, True)
-            if now == before or not now.x_fragments:
-                continue
-            row = dict(n=n, k=k, m=m, read_us=round(read, 3),
-                       **_before_now(n, k, m, "nvfp4", torch.float16, before, now, rounds, before_rules))
-            rows.append(row)
-            log(" ".join(f"{key}={val}" for key, val in row.items()))
-    if csv_path:
-        write_csv(rows, csv_path)
-    return rows
+    return rules_ab(dict(FRAGMENT_REGISTERS=table, FRAGMENT_CAPS=()), False, shapes, tokens, ("nvfp4",),
+                    (torch.float16,), rounds, csv_path, log)
 
 
-def _before_now(n, k, m, fmt, dtype, before, now, rounds, before_rules=None) -> dict:
+def _before_now(n, k, m, fmt, dtype, before, now, rounds, rules=None) -> dict:
     """µs per call of one point's config under the rules before a change and now, alternately `rounds` times, the
-    best of each (`before_rules`: names in nvfp4_gemv.linear.kernels patched while `before` runs), as row fields."""
+    best of each, as row fields. `rules`: {"before" or "now": names in nvfp4_gemv.linear.kernels patched while that
+    config runs} (config_for completes an override by the rules in force: a register cap where it names none)."""
     times = {"before": math.inf, "now": math.inf}
     for _ in range(rounds):
         for name, cfg in (("before", before), ("now", now)):
-            with _kernels_patched(**(before_rules if before_rules and name == "before" else {})):
+            with _kernels_patched(**(rules or {}).get(name, {})):
                 ov = _ab_fields(cfg)
                 times[name] = min(times[name], _time(lambda: ours(n, k, m, fmt, dtype, **ov)))
     return dict(before_us=round(times["before"], 3), now_us=round(times["now"], 3),
@@ -292,10 +278,10 @@ def _before_now(n, k, m, fmt, dtype, before, now, rounds, before_rules=None) -> 
                 now=f"g{now.groups} kw{now.k_warps} ks{now.k_splits} r{now.max_registers}")
 
 
-def _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log):
+def _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log, rules=None):
     """µs per call at every (shape, M, format, x dtype) where `pair(m, n, k, fmt, x_dtype, dispatched)` gives two
-    configs (before, now) to time (None: the point is skipped), alternately `rounds` times, the best of each; with
-    the read of the same bytes."""
+    configs (before, now) to time (None: the point is skipped), alternately `rounds` times, the best of each, each
+    under its `rules` (_before_now); with the read of the same bytes."""
     from nvfp4_gemv.linear import kernels
 
     rows = []
@@ -312,7 +298,7 @@ def _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log):
                     if read is None:
                         read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt)))
                     row = dict(n=n, k=k, m=m, fmt=fmt, x=xd, read_us=round(read, 3),
-                               **_before_now(n, k, m, fmt, dtype, *configs, rounds))
+                               **_before_now(n, k, m, fmt, dtype, *configs, rounds, rules))
                     row["now_over_read"] = round(row["now_us"] / read, 4)
                     rows.append(row)
                     log(" ".join(f"{key}={val}" for key, val in row.items()))
@@ -334,7 +320,8 @@ def rules_ab(patch: dict, proposed: bool = True, shapes=SHAPES, tokens=(9, 12, 1
             other = kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4")
         return (dispatched, other) if proposed else (other, dispatched)
 
-    return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log)
+    return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log,
+                    {"now" if proposed else "before": patch})
 
 
 def k_warps_ab(shapes=SHAPES, tokens=(1, 4, 8, 12, 16), formats=FORMATS, dtypes=(torch.bfloat16,), rounds=2,
