@@ -126,16 +126,27 @@ def test_loader_errors(tmp_path):
     q, s, g = quantize_nvfp4(torch.randn(32, 64))
     with pytest.raises(ValueError, match=r"^p\.weight_scale_2: not in the state dict"):
         load_modelopt_nvfp4({"p.weight": q, "p.weight_scale": s}, "p")
-    with pytest.raises(ValueError, match="^global_scale: expected a finite value, got nan"):
+    with pytest.raises(ValueError, match=r"^p\.weight_scale_2 \(global_scale\): expected a finite value, got nan"):
         load_modelopt_nvfp4({"p.weight": q, "p.weight_scale": s, "p.weight_scale_2": torch.tensor(float("nan"))}, "p")
-    with pytest.raises(ValueError, match="^global_scale: expected a finite value, got inf"):  # 1 / 0
-        load_compressed_tensors_nvfp4({"p.weight_packed": q, "p.weight_scale": s,
-                                       "p.weight_global_scale": torch.zeros(1)}, "p")
+    with pytest.raises(ValueError, match=r"^p\.weight_scale_2 \(global_scale\): expected dtype torch\.float32, got "
+                                         r"torch\.float64"):
+        load_modelopt_nvfp4({"p.weight": q, "p.weight_scale": s, "p.weight_scale_2": g.double()}, "p")
+    # The stored reciprocal itself: 1 / 0 is inf, and 1 / inf a finite 0 that would zero the layer.
+    for stored in (0.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match=r"^p\.weight_global_scale: expected a finite, nonzero value"):
+            load_compressed_tensors_nvfp4({"p.weight_packed": q, "p.weight_scale": s,
+                                           "p.weight_global_scale": torch.full((1,), stored)}, "p")
+    with pytest.raises(ValueError, match=r"^p\.bias \(bias\): expected one of .* got torch\.float32"):
+        load_compressed_tensors_nvfp4({"p.weight_packed": q, "p.weight_scale": s, "p.weight_global_scale": 1 / g,
+                                       "p.bias": torch.zeros(32)}, "p")
     with pytest.raises(ValueError, match=r"^p\.weight_global_scale: expected one fp32 element"):
         load_compressed_tensors_nvfp4({"p.weight_packed": q, "p.weight_scale": s,
                                        "p.weight_global_scale": torch.ones(2)}, "p")
-    with pytest.raises(ValueError, match="^weight_scale: expected shape"):
+    with pytest.raises(ValueError, match=r"^p\.weight_scale \(weight_scale\): expected shape"):
         load_modelopt_nvfp4({"p.weight": q, "p.weight_scale": s[:, :2], "p.weight_scale_2": g}, "p")
+    with pytest.raises(ValueError, match=r"^p\.weight_packed \(weight\): expected dtype"):
+        load_compressed_tensors_nvfp4({"p.weight_packed": q.view(torch.int8), "p.weight_scale": s,
+                                       "p.weight_global_scale": 1 / g}, "p")
     blocks = torch.zeros(2, 8, 4, 16, dtype=torch.uint8)
     with pytest.raises(ValueError, match="^proj: "):
         load_gpt_oss_experts({}, "e", "up_proj")
@@ -148,6 +159,13 @@ def test_loader_errors(tmp_path):
     with pytest.raises(ValueError, match=r"^e\.down_proj_blocks: expected a contiguous tensor"):
         load_gpt_oss_experts({"e.down_proj_blocks": blocks.transpose(0, 1).contiguous().transpose(0, 1),
                               "e.down_proj_scales": torch.zeros(2, 8, 4, dtype=torch.uint8)}, "e", "down_proj")
+    with pytest.raises(ValueError, match=r"^e\.down_proj_blocks\[0\] \(weight\): expected dtype"):
+        load_gpt_oss_experts({"e.down_proj_blocks": blocks.view(torch.int8),
+                              "e.down_proj_scales": torch.zeros(2, 8, 4, dtype=torch.uint8)}, "e", "down_proj")
+    with pytest.raises(ValueError, match=r"^e\.down_proj_bias\[0\] \(bias\): expected contiguous rows"):
+        load_gpt_oss_experts({"e.down_proj_blocks": blocks,
+                              "e.down_proj_scales": torch.zeros(2, 8, 4, dtype=torch.uint8),
+                              "e.down_proj_bias": torch.zeros(8, 2, dtype=torch.bfloat16).t()}, "e", "down_proj")
     with pytest.raises(ValueError, match=r"^e\.down_proj_bias: expected shape \(2, 8\)"):
         load_gpt_oss_experts({"e.down_proj_blocks": blocks, "e.down_proj_scales": torch.zeros(2, 8, 4),
                               "e.down_proj_bias": torch.zeros(8)}, "e", "down_proj")

@@ -6,6 +6,7 @@ was handed, so its caching, copies and pointer checks are tested without a GPU. 
 
 import subprocess
 import sys
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -356,6 +357,132 @@ def test_module_rejects_bad_tensors_at_construction():
     m = FP4Linear.from_quantized(q, s, "nvfp4", 0.5)
     assert m.global_scale.dtype == torch.float32 and m.global_scale.item() == 0.5
     assert m.weight is q and m.weight_scale is s  # the caller's tensors, not copies
+
+
+def test_module_constructor_arguments():
+    for kwargs, match in [(dict(in_features=128, out_features=-1), "^out_features: expected a positive int"),
+                          (dict(in_features=128, out_features=0), "^out_features: expected a positive int"),
+                          (dict(in_features=128, out_features=32.0), "^out_features: expected a positive int"),
+                          (dict(in_features=128.0, out_features=32), "^in_features: expected a positive multiple"),
+                          (dict(in_features=True, out_features=32), "^in_features: expected a positive multiple"),
+                          (dict(in_features=128, out_features=32, dtype="bfloat16"), "^dtype: expected one of"),
+                          (dict(in_features=128, out_features=32, dtype=torch.float32), "^dtype: expected one of")]:
+        with pytest.raises(ValueError, match=match):
+            FP4Linear(**kwargs)
+    q, s, g = quantize_nvfp4(torch.randn(32, 128))
+    with pytest.raises(ValueError, match=r"^bias: expected one of .*got torch\.float32; cast it"):
+        FP4Linear.from_quantized(q, s, "nvfp4", g, torch.zeros(32))
+    with pytest.raises(ValueError, match=r"^bias: expected contiguous rows .*; pass bias\.contiguous\(\)"):
+        FP4Linear.from_quantized(q, s, "nvfp4", g, torch.zeros(32, 2, dtype=torch.bfloat16)[:, 0])
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_module_loads_its_format_bit_for_bit(fmt):
+    """load_state_dict copies weight, weight_scale and global_scale as bytes whatever dtype of the format each side
+    holds (torch's copy_ would convert e8m0 <-> uint8 scales by value, and has no fp4 kernel)."""
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(128, 48).to(torch.bfloat16)
+    x = torch.randn(2, 128, dtype=torch.bfloat16)
+    src = FP4Linear.from_linear(lin, fmt)
+    views = {"weight": (torch.uint8, torch.float4_e2m1fn_x2),
+             "weight_scale": (torch.float8_e4m3fn,) if fmt == "nvfp4" else (torch.uint8, torch.float8_e8m0fnu)}
+    for w_dtype in views["weight"]:
+        for s_dtype in views["weight_scale"]:
+            for d_w in views["weight"]:
+                for d_s in views["weight_scale"]:
+                    state = src.state_dict()
+                    state["weight"] = state["weight"].view(w_dtype)
+                    state["weight_scale"] = state["weight_scale"].view(s_dtype)
+                    dst = FP4Linear(128, 48, fmt=fmt)
+                    dst.weight, dst.weight_scale = dst.weight.view(d_w), dst.weight_scale.view(d_s)
+                    dst.load_state_dict(state)
+                    assert (dst.weight.dtype, dst.weight_scale.dtype) == (d_w, d_s)  # the module's dtypes kept
+                    for name in ("weight", "weight_scale"):
+                        assert torch.equal(getattr(dst, name).view(torch.uint8),
+                                           getattr(src, name).view(torch.uint8))
+                    assert torch.equal(dst(x), src(x))
+    assigned = FP4Linear(128, 48, fmt=fmt)
+    assigned.load_state_dict(src.state_dict(), assign=True)
+    for name in ("weight", "weight_scale"):  # assign=True takes the state dict's storage, in the module's dtype
+        assert getattr(assigned, name).data_ptr() == getattr(src, name).data_ptr()
+    assert torch.equal(assigned(x), src(x))
+
+
+def test_module_load_refuses_other_dtypes_and_bad_scales():
+    src = FP4Linear.from_linear(torch.nn.Linear(128, 48).to(torch.bfloat16), "nvfp4")
+    state = src.state_dict()
+    dst = FP4Linear(128, 48)
+    before = {k: v.clone() for k, v in dst.state_dict().items()}
+    for key, value, match in [
+        ("weight_scale", state["weight_scale"].view(torch.uint8),
+         r"^weight_scale: expected dtype torch\.float8_e4m3fn"),
+        ("weight", state["weight"].view(torch.int8), r"^weight: expected dtype torch\.uint8 or torch\.float4_e2m1fn"),
+        ("global_scale", state["global_scale"].double(), r"^global_scale: expected dtype torch\.float32"),
+        ("global_scale", torch.tensor(float("inf")), r"^global_scale: expected a finite value, got inf"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            dst.load_state_dict({**state, key: value})
+        for k, v in dst.state_dict().items():  # nothing half-loaded is left behind, dtypes included
+            assert v.dtype == before[k].dtype
+    prefixed = torch.nn.Sequential(dst)
+    with pytest.raises(ValueError, match=r"^0\.weight_scale: expected dtype"):
+        prefixed.load_state_dict({f"0.{k}": v for k, v in {**state, "weight_scale": state["weight_scale"].view(
+            torch.uint8)}.items()})
+    # A one-element tensor scale of another shape (from_quantized keeps the caller's) loads into this one's.
+    other = FP4Linear.from_quantized(src.weight, src.weight_scale, "nvfp4", src.global_scale.reshape(1, 1), src.bias)
+    dst.load_state_dict(other.state_dict())
+    assert dst.global_scale.shape == () and dst.global_scale.item() == src.global_scale.item()
+    with pytest.raises(RuntimeError, match="size mismatch"):  # torch's own check of the shapes still runs
+        dst.load_state_dict({**state, "weight": state["weight"][:, :32]})
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_module_on_meta_then_loaded(fmt):
+    """Built on the meta device (no data, so no value check), then to_empty and load_state_dict: the usual way to
+    build a large model before its weights arrive."""
+    src = FP4Linear.from_linear(torch.nn.Linear(128, 48).to(torch.bfloat16), fmt)
+    with torch.device("meta"):
+        m = FP4Linear(128, 48, fmt=fmt)
+    assert m.weight.device.type == "meta"
+    m = m.to_empty(device="cpu")
+    m.load_state_dict(src.state_dict())
+    x = torch.randn(3, 128, dtype=torch.bfloat16)
+    assert torch.equal(m(x), src(x))
+    if fmt == "nvfp4":
+        with pytest.raises(ValueError, match="^global_scale: expected a finite value"):
+            m.load_state_dict({**src.state_dict(), "global_scale": torch.tensor(float("nan"))})
+
+
+def test_global_scale_as_other_numbers():
+    a, plain = operands(lead=(2,))
+    want = fp4_linear(**{**a, "global_scale": 0.5})
+    assert torch.equal(fp4_linear(**{**a, "global_scale": Fraction(1, 2)}), want)
+    assert torch.equal(fp4_linear(**{**a, "global_scale": np.float32(0.5)}), want)
+    for big in (10**400, Fraction(10**400, 3)):
+        with pytest.raises(ValueError, match="^global_scale: expected a finite value"):
+            fp4_linear(**{**a, "global_scale": big})
+    calls = []
+    eager = EagerLinear(launch=lambda *args: calls.append(args))
+    with pytest.raises(ValueError, match="^global_scale: expected a finite value"):
+        eager(a["x"], a["weight"], a["weight_scale"], "nvfp4", 10**400, a["bias"], "plain")
+    eager(a["x"], a["weight"], a["weight_scale"], "nvfp4", 1, a["bias"], "plain")
+    assert calls[-1][6].item() == 1.0 and calls[-1][6].dtype == torch.float32
+    with pytest.raises(ValueError, match="^x: expected a torch.Tensor"):
+        torch.ops.nvfp4_gemv.fp4_linear(None, a["weight"], a["weight_scale"], "nvfp4", "plain", None, None)
+
+
+def test_compile_global_scale_as_a_graph_input():
+    """A float passed into the compiled function: the compiler makes it symbolic on the second value; the result
+    follows each value, and a NaN or infinite one still fails (a check in the graph)."""
+    a, _ = operands(n=64, lead=(2,))
+    w, s = a["weight"], a["weight_scale"]
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, gs: fp4_linear(x, w, s, "nvfp4", gs), fullgraph=True, backend="aot_eager")
+    for gs in (0.5, 0.25, 3.0):
+        assert torch.equal(f(a["x"], gs), linear_reference(a["x"], w, s, "nvfp4", gs))
+    for gs in (float("inf"), float("nan")):
+        with pytest.raises(Exception, match="global_scale: expected a finite value"):
+            f(a["x"], gs)
 
 
 # ---------------------------------------------------------------- on the GPU

@@ -4,11 +4,13 @@ Three layouts (../DECODE.md has them in full): ModelOpt NVFP4 (`weight`, `weight
 compressed-tensors NVFP4 (`weight_packed`, `weight_scale`, `weight_global_scale` stored as the reciprocal) and the
 gpt-oss MXFP4 experts (`*_blocks` [E, rows, K/32, 16], `*_scales` [E, rows, K/32]). The weight and scale tensors
 of the state dict become the modules' buffers as they are (views, never copies), so they must already sit where
-the modules will run. Tensor scales are checked for NaN and infinity here, once.
+the modules will run. Tensor scales are checked for NaN and infinity here, once (compressed-tensors' stored
+reciprocal as well, and for zero), and an error names the state dict's key (and the expert, for gpt-oss).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -28,14 +30,28 @@ def _prefixed(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
+def _module(keys: Mapping[str, str], *args) -> FP4Linear:
+    """FP4Linear.from_quantized(*args), its errors naming the checkpoint's keys: `keys` maps an argument name
+    (weight, weight_scale, global_scale, bias) to the key that gave it."""
+    try:
+        return FP4Linear.from_quantized(*args)
+    except ValueError as e:
+        arg, sep, rest = str(e).partition(": ")
+        if sep and arg in keys:
+            raise ValueError(f"{keys[arg]} ({arg}): {rest}") from None
+        raise
+
+
 def load_modelopt_nvfp4(state_dict: Mapping, prefix: str, dtype: torch.dtype = torch.bfloat16) -> FP4Linear:
     """FP4Linear from a ModelOpt NVFP4 layer: `{prefix}.weight` uint8 [N, K/2], `.weight_scale` e4m3 [N, K/16],
     `.weight_scale_2` fp32 scalar (the tensor scale), optional `.bias`. `.input_scale` (W4A4 only) is ignored.
     `dtype`: the activations' dtype where there is no bias."""
     name = lambda s: _prefixed(prefix, s)  # noqa: E731
-    return FP4Linear.from_quantized(
-        _get(state_dict, name("weight")), _get(state_dict, name("weight_scale")), "nvfp4",
-        _get(state_dict, name("weight_scale_2")), state_dict.get(name("bias")), "plain", dtype,
+    keys = {"weight": name("weight"), "weight_scale": name("weight_scale"), "global_scale": name("weight_scale_2"),
+            "bias": name("bias")}
+    return _module(
+        keys, _get(state_dict, keys["weight"]), _get(state_dict, keys["weight_scale"]), "nvfp4",
+        _get(state_dict, keys["global_scale"]), state_dict.get(keys["bias"]), "plain", dtype,
     )  # fmt: skip
 
 
@@ -45,13 +61,20 @@ def load_compressed_tensors_nvfp4(state_dict: Mapping, prefix: str,
     e4m3 [N, K/16], `.weight_global_scale` fp32 (one element), which stores 1 / the tensor scale, optional
     `.bias`."""
     name = lambda s: _prefixed(prefix, s)  # noqa: E731
-    inverse = _get(state_dict, name("weight_global_scale"))
+    keys = {"weight": name("weight_packed"), "weight_scale": name("weight_scale"),
+            "global_scale": name("weight_global_scale"), "bias": name("bias")}
+    inverse = _get(state_dict, keys["global_scale"])
     if not isinstance(inverse, torch.Tensor) or inverse.dtype != torch.float32 or inverse.numel() != 1:
         got = f"{inverse.dtype}, shape {tuple(inverse.shape)}" if isinstance(inverse, torch.Tensor) else inverse
-        raise ValueError(f"{name('weight_global_scale')}: expected one fp32 element, got {got}")
-    return FP4Linear.from_quantized(
-        _get(state_dict, name("weight_packed")), _get(state_dict, name("weight_scale")), "nvfp4",
-        1.0 / inverse, state_dict.get(name("bias")), "plain", dtype,
+        raise ValueError(f"{keys['global_scale']}: expected one fp32 element, got {got}")
+    if inverse.device.type != "meta":  # the stored value, not only its reciprocal: 1 / inf is a finite 0
+        stored = float(inverse.detach().reshape(()).cpu())
+        if not math.isfinite(stored) or stored == 0:
+            raise ValueError(f"{keys['global_scale']}: expected a finite, nonzero value (1 / the tensor scale), got "
+                             f"{stored!r}")
+    return _module(
+        keys, _get(state_dict, keys["weight"]), _get(state_dict, keys["weight_scale"]), "nvfp4", 1.0 / inverse,
+        state_dict.get(keys["bias"]), "plain", dtype,
     )  # fmt: skip
 
 
@@ -70,7 +93,8 @@ def load_gpt_oss_experts(state_dict: Mapping, prefix: str, proj: str,
         raise ValueError(f"proj: expected 'gate_up_proj' or 'down_proj', got {proj!r}")
     blocks_name, scales_name = _prefixed(prefix, f"{proj}_blocks"), _prefixed(prefix, f"{proj}_scales")
     blocks, scales = _get(state_dict, blocks_name), _get(state_dict, scales_name)
-    bias = state_dict.get(_prefixed(prefix, f"{proj}_bias"))
+    bias_name = _prefixed(prefix, f"{proj}_bias")
+    bias = state_dict.get(bias_name)
     if not isinstance(blocks, torch.Tensor) or blocks.dim() != 4 or blocks.shape[-1] != 16:
         got = tuple(blocks.shape) if isinstance(blocks, torch.Tensor) else type(blocks).__name__
         raise ValueError(f"{blocks_name}: expected shape (E, rows, K/32, 16), got {got}")
@@ -83,9 +107,10 @@ def load_gpt_oss_experts(state_dict: Mapping, prefix: str, proj: str,
         raise ValueError(f"{scales_name}: expected shape {(experts, rows, kb)} (from {blocks_name}), got {got}")
     if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (experts, rows)):
         got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
-        raise ValueError(f"{_prefixed(prefix, f'{proj}_bias')}: expected shape {(experts, rows)}, got {got}")
+        raise ValueError(f"{bias_name}: expected shape {(experts, rows)}, got {got}")
     return [
-        FP4Linear.from_quantized(blocks[e].view(rows, kb * 16), scales[e], "mxfp4", None,
-                                 None if bias is None else bias[e], "plain", dtype)
+        _module({"weight": f"{blocks_name}[{e}]", "weight_scale": f"{scales_name}[{e}]", "bias": f"{bias_name}[{e}]"},
+                blocks[e].view(rows, kb * 16), scales[e], "mxfp4", None, None if bias is None else bias[e], "plain",
+                dtype)
         for e in range(experts)
     ]  # fmt: skip

@@ -2,8 +2,10 @@
 
 Buffers: `weight` (N, K/2) fp4 codes, `weight_scale`, `global_scale` (NVFP4 only, else None) and `bias`. The
 weight buffers are the caller's tensors, views included, never copied; `module.half()` and `.to(dtype)` cast only
-the bias (the format's buffers keep their dtypes and move devices bit for bit). A tensor scale is checked for NaN
-and infinity once, when the module is built; one assigned later is not checked.
+the bias (the format's buffers keep their dtypes and move devices bit for bit), and `load_state_dict` copies the
+format's buffers bit for bit as well, after checking each key's dtype against the format. A tensor scale is checked
+for NaN and infinity once, when the module is built or loads a state dict; one assigned later is not checked. A
+module built on the meta device (to be filled by `to_empty` and `load_state_dict`) skips that check until it loads.
 """
 
 from __future__ import annotations
@@ -11,12 +13,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from nvfp4_gemv.linear.formats import ACTIVATION_DTYPES, K_ALIGN, format_of
+from nvfp4_gemv.linear.formats import ACTIVATION_DTYPES, K_ALIGN, WEIGHT_DTYPES, format_of
 from nvfp4_gemv.linear.op import fp4_linear
 from nvfp4_gemv.linear.quantize import quantize_mxfp4, quantize_nvfp4
 from nvfp4_gemv.linear.validate import check_global_scale_value, scale_shape, validate_linear
 
 _FORMAT_BUFFERS = ("weight", "weight_scale", "global_scale")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_dtype(dtype, name: str = "dtype", hint: str = "") -> None:
+    if dtype not in ACTIVATION_DTYPES:
+        raise ValueError(f"{name}: expected one of {ACTIVATION_DTYPES} (the activations' dtype), got {dtype!r}{hint}")
 
 
 class FP4Linear(nn.Module):
@@ -27,8 +38,11 @@ class FP4Linear(nn.Module):
                  scale_layout: str = "plain", device=None, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         f = format_of(fmt)
-        if in_features < 1 or in_features % K_ALIGN:
-            raise ValueError(f"in_features: expected a positive multiple of {K_ALIGN}, got {in_features}")
+        if not _is_int(in_features) or in_features < 1 or in_features % K_ALIGN:
+            raise ValueError(f"in_features: expected a positive multiple of {K_ALIGN}, got {in_features!r}")
+        if not _is_int(out_features) or out_features < 1:
+            raise ValueError(f"out_features: expected a positive int, got {out_features!r}")
+        _check_dtype(dtype)
         weight = torch.zeros((out_features, in_features // 2), dtype=torch.uint8, device=device)
         weight_scale = torch.zeros(scale_shape(f, scale_layout, out_features, in_features),
                                    dtype=f.scale_dtypes[0], device=device)
@@ -39,9 +53,9 @@ class FP4Linear(nn.Module):
     def _set(self, weight, weight_scale, fmt, scale_layout, global_scale, bias, dtype):
         """Check and take the tensors as buffers; `dtype` is the activations' (the bias's, when there is one)."""
         if bias is not None and isinstance(bias, torch.Tensor):
+            _check_dtype(bias.dtype, "bias", "; cast it, e.g. bias.to(torch.bfloat16)")
             dtype = bias.dtype
-        if dtype not in ACTIVATION_DTYPES:
-            raise ValueError(f"dtype: expected one of {ACTIVATION_DTYPES} (the activations'), got {dtype}")
+        _check_dtype(dtype)
         x = torch.empty((0, 2 * weight.shape[1]), dtype=dtype, device=weight.device) \
             if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
         _, n, k = validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)
@@ -93,6 +107,37 @@ class FP4Linear(nn.Module):
 
             return kernels.describe(m, self.out_features, self.in_features, self.fmt, dtype, device, self.scale_layout)
         return f"reference ({device.type})"
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # The format's buffers load bit for bit, as _apply moves them: torch's copy_ would convert e8m0, uint8 and
+        # e4m3 scales by value and has no fp4 kernel. A key of another dtype than its format allows is refused, a
+        # NaN or infinite tensor scale too, and a 1-element tensor scale of any shape loads into this one's.
+        f = format_of(self.fmt)
+        allowed = {"weight": WEIGHT_DTYPES, "weight_scale": f.scale_dtypes, "global_scale": (torch.float32,)}
+        swapped = {}  # name -> (own buffer, its raw view, the state dict's entry)
+        try:
+            for name, dtypes in allowed.items():
+                own, key = self._buffers.get(name), prefix + name
+                src = state_dict.get(key)
+                if own is None or not isinstance(src, torch.Tensor):
+                    continue
+                if src.dtype not in dtypes:
+                    raise ValueError(f"{key}: expected dtype {' or '.join(str(d) for d in dtypes)} ({f.name}'s "
+                                     f"{name}), got {src.dtype}")
+                if name == "global_scale" and src.numel() == 1:
+                    check_global_scale_value(src, key)
+                    src = src.reshape(own.shape)
+                raw = torch.int32 if own.element_size() == 4 else torch.uint8
+                swapped[name] = (own, own.view(raw), state_dict[key])
+                self._buffers[name], state_dict[key] = swapped[name][1], src.view(raw)
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                          error_msgs)
+        finally:
+            for name, (own, raw_view, entry) in swapped.items():
+                now = self._buffers[name]  # the raw view, or with assign=True the state dict's tensor as bytes
+                self._buffers[name] = own if now is raw_view else now.view(own.dtype)
+                state_dict[prefix + name] = entry
 
     def _apply(self, fn, recurse=True):
         # nn.Module casts every floating-point buffer on .half()/.to(dtype); the format's buffers (fp4, e4m3, e8m0,

@@ -9,7 +9,8 @@ while tracing. CUDA runs the kernel (`EagerLinear`, below); other devices run th
 validates and binds the launch once per metadata signature (as nvfp4_gemv.dispatch does), then per call checks two
 pointers' alignment, allocates y and launches. A python-float global_scale reaches the kernel as a cached 1-element
 fp32 device tensor (a first call with a new value copies it to the device, so warm up before capturing a CUDA graph);
-under torch.compile it becomes a `torch.full` in the graph. Other devices run the reference, a float kept as a float.
+under torch.compile it becomes a `torch.full` in the graph (where the compiler makes the number symbolic, its NaN and
+infinity check is a run-time assertion in the graph). Other devices run the reference, a float kept as a float.
 """
 
 from __future__ import annotations
@@ -103,7 +104,9 @@ class EagerLinear:
             validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)  # a non-tensor argument
             raise
         if global_scale is not None and not isinstance(global_scale, torch.Tensor):
-            if global_scale - global_scale != 0:  # NaN or infinite (the signature holds only "a float")
+            # NaN or infinite, or a number that is not a float (an int past fp64's range; the signature holds only
+            # its type)
+            if type(global_scale) is not float or global_scale - global_scale != 0:
                 check_global_scale(format_of(fmt), global_scale)
             global_scale = self.scale_tensor(global_scale, device)
         n = weight.shape[0]
@@ -124,7 +127,7 @@ EAGER = EagerLinear()
 def fp4_linear_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, fmt: str, scale_layout: str,
                   global_scale: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
     """y = x · dequant(weight)ᵀ (+ bias) in x's dtype; see `fp4_linear`."""
-    if x.device.type == "cuda":
+    if isinstance(x, torch.Tensor) and x.device.type == "cuda":
         return EAGER(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
     return linear_reference(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
 
@@ -143,10 +146,16 @@ def fp4_linear(x, weight, weight_scale, fmt="nvfp4", global_scale=None, bias=Non
     global_scale None, a float or a 1-element fp32 tensor. fmt "mxfp4": weight_scale uint8 or float8_e8m0fnu
     (N, K/32), no global_scale. bias None or (N,) in x's dtype. Bad input raises ValueError naming the tensor
     (under torch.compile, wrapped in the tracer's error). Weights are read in place; x may be copied.
+
+    Where N is a multiple of 128, plain and swizzled NVFP4 scales have the same shape, so only `scale_layout` says
+    which the buffer holds: a wrong one cannot be told from the tensors and gives wrong numbers.
     """
     if torch.compiler.is_compiling():
-        if isinstance(global_scale, numbers.Real):
-            check_global_scale(format_of(fmt), global_scale)
+        if isinstance(global_scale, numbers.Real) and not isinstance(global_scale, bool):
+            if not format_of(fmt).has_global:
+                check_global_scale(format_of(fmt), global_scale)  # raises: the format has no tensor scale
+            # Not math.isfinite: the compiler may have made the number symbolic; this is a check in the graph then.
+            torch._check(global_scale - global_scale == 0, lambda: "global_scale: expected a finite value")
             global_scale = torch.full((1,), float(global_scale), dtype=torch.float32, device=x.device)
         return torch.ops.nvfp4_gemv.fp4_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)
     if isinstance(x, torch.Tensor) and x.device.type == "cuda":

@@ -1,9 +1,11 @@
 """The fp32 reference of the fp4 W4A16 linear: dequantize W, then one fp32 matmul, rounded once to x's dtype.
 
 `dequantize` decodes the e2m1 codes through the 16-entry table (even k from the low nibble), multiplies each block
-of `fmt.block` elements by its decoded scale and then by the tensor scale: e2m1 · scale is exact in fp32, so the
-only rounding is the final product with the tensor scale. Swizzled NVFP4 scales are read back to plain through
-layouts.convert. Vectorized torch on any device; it is the CPU implementation of the op and the tests' oracle.
+of `fmt.block` elements by its decoded scale and then by the tensor scale: e2m1 · scale is exact in fp32 (but at
+MXFP4's two largest scales, where code · scale passes fp32's range and is inf: |code| >= 4 at 2^126, >= 2 at
+2^127), so the only rounding is the final product with the tensor scale. Swizzled NVFP4 scales are read back to
+plain through layouts.convert. Vectorized torch on any device; it is the CPU implementation of the op and the
+tests' oracle.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def dequantize(weight, weight_scale, fmt, scale_layout="plain", global_scale=Non
     scales = f.decode_scale(weight_scale)
     w = (values.view(n, k // f.block, f.block) * scales.unsqueeze(-1)).view(n, k)
     if global_scale is not None:
-        w = w * (global_scale.reshape(()) if isinstance(global_scale, torch.Tensor) else global_scale)
+        w = w * (global_scale.reshape(()) if isinstance(global_scale, torch.Tensor) else float(global_scale))
     return w
 
 

@@ -32,10 +32,10 @@ def _tensor(name: str, t, dtypes, why: str = "") -> torch.Tensor:
     return t
 
 
-def _rows(name: str, t: torch.Tensor) -> None:
+def _rows(name: str, t: torch.Tensor, why: str = "; fp4 weights and scales are read in place, never copied") -> None:
     if not t.is_contiguous():
         raise ValueError(f"{name}: expected contiguous rows (row-major strides), got shape {tuple(t.shape)} with "
-                         f"strides {t.stride()}; fp4 weights and scales are read in place, never copied")
+                         f"strides {t.stride()}{why}")
 
 
 def _device(name: str, t: torch.Tensor, device: torch.device) -> None:
@@ -68,7 +68,11 @@ def check_global_scale(fmt: Fp4Format, global_scale, device: torch.device | None
         raise ValueError(f"global_scale: {fmt.name} has no tensor scale; expected None, got "
                          f"{type(global_scale).__name__}")
     if isinstance(global_scale, numbers.Real) and not isinstance(global_scale, bool):
-        if not math.isfinite(global_scale):
+        try:
+            finite = math.isfinite(float(global_scale))
+        except OverflowError:  # an int or Fraction past fp64's range
+            finite = False
+        if not finite:
             raise ValueError(f"global_scale: expected a finite value, got {global_scale!r}")
         return
     if not isinstance(global_scale, torch.Tensor):
@@ -80,12 +84,13 @@ def check_global_scale(fmt: Fp4Format, global_scale, device: torch.device | None
         _device("global_scale", global_scale, device)
 
 
-def check_global_scale_value(global_scale) -> None:
-    """A NaN or infinite tensor scale raises ValueError. Reads the value: a device sync for a CUDA tensor."""
-    if isinstance(global_scale, torch.Tensor):
+def check_global_scale_value(global_scale, name: str = "global_scale") -> None:
+    """A NaN or infinite tensor scale raises ValueError naming `name`. Reads the value: a device sync for a CUDA
+    tensor; a meta tensor has none and passes (its module is checked again where its scale is loaded)."""
+    if isinstance(global_scale, torch.Tensor) and global_scale.device.type != "meta":
         value = float(global_scale.detach().reshape(()).float().cpu())
         if not math.isfinite(value):
-            raise ValueError(f"global_scale: expected a finite value, got {value!r}")
+            raise ValueError(f"{name}: expected a finite value, got {value!r}")
 
 
 def validate_weight(weight, weight_scale, fmt, scale_layout="plain", global_scale=None, *,
@@ -134,7 +139,7 @@ def validate_linear(x, weight, weight_scale, fmt, scale_layout="plain", global_s
         _tensor("bias", bias, (x.dtype,), " (x's dtype)")
         if tuple(bias.shape) != (n,):
             raise ValueError(f"bias: expected shape ({n},) (N, from weight), got {tuple(bias.shape)}")
-        _rows("bias", bias)
+        _rows("bias", bias, "; pass bias.contiguous()")
         _device("bias", bias, weight.device)
     m = x.numel() // k
     return m, n, k
