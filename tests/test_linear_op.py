@@ -96,10 +96,57 @@ def test_opcheck(fmt, scale_layout, bias):
     # opcheck's test_schema compares the inputs before and after with torch.allclose, which has no CPU kernel for
     # float8_e4m3fn; NVFP4's e4m3 scales skip that one check (MXFP4's uint8 scales run every check).
     utils = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
-    for lead in ((2, 3), (0,)):
+    for lead, grad in (((2, 3), False), ((0,), False), ((2, 3), True)):  # with grad: the autograd formula too
         a, _ = operands(fmt, scale_layout, n=33, k=64, lead=lead, bias=bias)
+        a["x"].requires_grad_(grad)
         kw = {} if fmt == "mxfp4" else {"test_utils": utils}
         torch.library.opcheck(torch.ops.nvfp4_gemv.fp4_linear.default, op_args(a), **kw)
+
+
+def _grads(y, x, bias, dy):
+    return torch.autograd.grad(y, (x, bias), dy)
+
+
+@pytest.mark.parametrize("fmt,scale_layout", LAYOUTS)
+@pytest.mark.parametrize("chunk_bytes", [None, 4 * 128 * 128])
+def test_op_backward(fmt, scale_layout, chunk_bytes, monkeypatch):
+    """The op's autograd formula: dx = dy · dequant(W) with fp32 sums, one rounding (W in row chunks, here one chunk
+    or 128-row chunks with a short last one), and dbias = dy summed; against the float64 decode."""
+    from nvfp4_gemv.linear import op as op_module
+
+    if chunk_bytes:
+        monkeypatch.setattr(op_module, "GRAD_CHUNK_BYTES", chunk_bytes)
+    a, plain = operands(fmt, scale_layout, n=300, k=128, lead=(2, 3))
+    x, bias = a["x"].requires_grad_(), a["bias"].requires_grad_()
+    dy = torch.randn(2, 3, 300).to(torch.bfloat16)
+    dx, db = _grads(torch.ops.nvfp4_gemv.fp4_linear(*op_args(a)), x, bias, dy)
+    wd = np_dequantize(u8(a["weight"]), u8(plain), fmt, "plain", float(a["global_scale"] or 1.0))
+    dx64 = dy.double().reshape(-1, 300).numpy() @ wd
+    bound = 1e-6 * (np.abs(dy.double().reshape(-1, 300).numpy()) @ np.abs(wd)) + 2.0**-8 * np.abs(dx64)
+    assert dx.shape == x.shape and dx.dtype == x.dtype and db.dtype == bias.dtype
+    assert (np.abs(dx.double().reshape(-1, 128).numpy() - dx64) <= bound).all()
+    assert torch.allclose(db.float(), dy.float().sum((0, 1)), rtol=2**-8, atol=0)
+    # The same as autograd through the reference (dx in fp32 then rounded once), to an fp32 summation order.
+    rx, rb = _grads(linear_reference(**a), x, bias, dy)
+    assert torch.allclose(dx.float(), rx.float(), rtol=2**-7, atol=1e-5) and torch.equal(db, rb)
+
+
+def test_backward_under_compile_and_the_module():
+    a, _ = operands(n=64, k=128, lead=(4,))
+    w, s, g = a["weight"], a["weight_scale"], a["global_scale"]
+    x = a["x"].requires_grad_()
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: fp4_linear(x * 2, w, s, "nvfp4", g), fullgraph=True, backend="aot_eager")
+    (dx,) = torch.autograd.grad(f(x).float().sum(), x)
+    (rx,) = torch.autograd.grad(linear_reference(x * 2, w, s, "nvfp4", g).float().sum(), x)
+    assert torch.allclose(dx.float(), rx.float(), rtol=2**-7, atol=1e-5)
+    # A trained adapter beside a frozen fp4 layer: gradients reach the adapter and x, none the fp4 buffers.
+    layer = FP4Linear.from_linear(torch.nn.Linear(128, 64).to(torch.bfloat16))
+    adapter = torch.nn.Linear(128, 64, bias=False).to(torch.bfloat16)
+    out = layer(x) + adapter(x)
+    out.float().square().mean().backward()
+    assert adapter.weight.grad is not None and x.grad is not None
+    assert all(not b.requires_grad for b in layer.buffers())
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
@@ -536,3 +583,20 @@ def test_gpu_cuda_graph_and_compile(m):
                                            a["bias"]), fullgraph=True, mode="reduce-overhead")
     for _ in range(3):
         _assert_kernel_close(f(a["x"]), a)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,scale_layout", LAYOUTS)
+def test_gpu_with_grad(fmt, scale_layout):
+    """x (and bias) requiring grad on CUDA: the same kernel forward (the same bits), and the op's backward."""
+    a = _cuda(operands(fmt, scale_layout, lead=(3,), n=300, k=512)[0])
+    y0 = fp4_linear(**a)
+    x, bias = a["x"].clone().requires_grad_(), a["bias"].clone().requires_grad_()
+    y = fp4_linear(**{**a, "x": x, "bias": bias})
+    assert torch.equal(y.detach(), y0) and y.requires_grad
+    dy = torch.randn_like(y)
+    dx, db = torch.autograd.grad(y, (x, bias), dy)
+    rx, rb = torch.autograd.grad(linear_reference(**{**a, "x": x, "bias": bias}), (x, bias), dy)
+    assert torch.allclose(dx.float(), rx.float(), rtol=2**-7, atol=1e-4) and torch.equal(db, rb)
+    with torch.no_grad():  # grad mode off: the eager path, no autograd
+        assert not fp4_linear(**{**a, "x": x}).requires_grad

@@ -11,6 +11,11 @@ pointers' alignment, allocates y and launches. A python-float global_scale reach
 fp32 device tensor (a first call with a new value copies it to the device, so warm up before capturing a CUDA graph);
 under torch.compile it becomes a `torch.full` in the graph (where the compiler makes the number symbolic, its NaN and
 infinity check is a run-time assertion in the graph). Other devices run the reference, a float kept as a float.
+
+Gradients: the op has an autograd formula for x and bias (`_backward`: W dequantized by the reference in row chunks,
+fp32 sums), so a frozen fp4 layer can sit under trained adapters, in eager mode and under torch.compile. An eager
+CUDA call whose x or bias requires grad (with grad mode on) goes through the op for that; the CPU path is the
+reference, which autograd follows as it is.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import numbers
 import torch
 
 from nvfp4_gemv.linear.formats import format_of
-from nvfp4_gemv.linear.reference import linear_reference
+from nvfp4_gemv.linear.reference import dequantize, linear_reference
 from nvfp4_gemv.linear.validate import PTR_ALIGN, check_global_scale, validate_linear
 
 OP_NAME = "nvfp4_gemv::fp4_linear"
@@ -128,6 +133,8 @@ def fp4_linear_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
                   global_scale: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
     """y = x · dequant(weight)ᵀ (+ bias) in x's dtype; see `fp4_linear`."""
     if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+        if x.requires_grad or (isinstance(bias, torch.Tensor) and bias.requires_grad):  # autograd is above this
+            x, bias = x.detach(), None if bias is None else bias.detach()
         return EAGER(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
     return linear_reference(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
 
@@ -136,6 +143,45 @@ def fp4_linear_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Ten
 def _fp4_linear_fake(x, weight, weight_scale, fmt, scale_layout, global_scale, bias):
     validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias, check_pointers=False)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+GRAD_CHUNK_BYTES = 64 << 20  # fp32 rows of W dequantized at a time by the backward
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, weight_scale, fmt, scale_layout, global_scale, bias = inputs
+    ctx.save_for_backward(weight, weight_scale, global_scale)
+    ctx.meta = (fmt, scale_layout, x.dtype)
+
+
+def _backward(ctx, grad):
+    """dy -> (dx, dbias): dx = dy · dequant(W) with fp32 sums, W dequantized by the reference in chunks of 128-row
+    multiples (at most GRAD_CHUNK_BYTES of fp32), rounded once to x's dtype; dbias = dy summed over the rows. The
+    fp4 tensors and the global scale get none. For adapters trained on a frozen fp4 layer; not a fast path."""
+    weight, weight_scale, global_scale = ctx.saved_tensors
+    fmt, scale_layout, x_dtype = ctx.meta
+    n, k = weight.shape[0], 2 * weight.shape[1]
+    dy = grad.reshape(-1, n).float()
+    dx = db = None
+    if ctx.needs_input_grad[0]:
+        acc = torch.zeros(dy.shape[0], k, dtype=torch.float32, device=grad.device)
+        rows = max(128, GRAD_CHUNK_BYTES // (4 * k) // 128 * 128)
+        for n0 in range(0, n, rows):
+            n1 = min(n, n0 + rows)
+            sf_rows = n1 - n0 if scale_layout == "plain" else -(-(n1 - n0) // 128) * 128  # a slice of 128-row atoms
+            w = dequantize(weight[n0:n1], weight_scale[n0:n0 + sf_rows], fmt, scale_layout, global_scale)
+            acc.addmm_(dy[:, n0:n1], w)
+        dx = acc.to(x_dtype).reshape(*grad.shape[:-1], k)
+    if ctx.needs_input_grad[6]:
+        db = dy.sum(0).to(grad.dtype)
+    return dx, None, None, None, None, None, db
+
+
+fp4_linear_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _needs_grad(x, bias) -> bool:
+    return (x.requires_grad or (isinstance(bias, torch.Tensor) and bias.requires_grad)) and torch.is_grad_enabled()
 
 
 def fp4_linear(x, weight, weight_scale, fmt="nvfp4", global_scale=None, bias=None, scale_layout="plain"):
@@ -159,5 +205,10 @@ def fp4_linear(x, weight, weight_scale, fmt="nvfp4", global_scale=None, bias=Non
             global_scale = torch.full((1,), float(global_scale), dtype=torch.float32, device=x.device)
         return torch.ops.nvfp4_gemv.fp4_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)
     if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+        if _needs_grad(x, bias):  # through the op, which autograd knows (_backward); the kernel still runs forward
+            if global_scale is not None and not isinstance(global_scale, torch.Tensor):
+                check_global_scale(format_of(fmt), global_scale)
+                global_scale = EAGER.scale_tensor(float(global_scale), x.device)
+            return torch.ops.nvfp4_gemv.fp4_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)
         return EAGER(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
     return linear_reference(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
