@@ -180,10 +180,6 @@ def _backward(ctx, grad):
 fp4_linear_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _needs_grad(x, bias) -> bool:
-    return (x.requires_grad or (isinstance(bias, torch.Tensor) and bias.requires_grad)) and torch.is_grad_enabled()
-
-
 def fp4_linear(x, weight, weight_scale, fmt="nvfp4", global_scale=None, bias=None, scale_layout="plain"):
     """y = x · dequant(weight)ᵀ (+ bias): x (..., K) bf16/fp16 -> y (..., N) in x's dtype.
 
@@ -205,7 +201,8 @@ def fp4_linear(x, weight, weight_scale, fmt="nvfp4", global_scale=None, bias=Non
             global_scale = torch.full((1,), float(global_scale), dtype=torch.float32, device=x.device)
         return torch.ops.nvfp4_gemv.fp4_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)
     if isinstance(x, torch.Tensor) and x.device.type == "cuda":
-        if _needs_grad(x, bias):  # through the op, which autograd knows (_backward); the kernel still runs forward
+        # Inputs that need grad go through the op, which autograd knows (_backward); the kernel still runs forward.
+        if (x.requires_grad or (isinstance(bias, torch.Tensor) and bias.requires_grad)) and torch.is_grad_enabled():
             if global_scale is not None and not isinstance(global_scale, torch.Tensor):
                 check_global_scale(format_of(fmt), global_scale)
                 global_scale = EAGER.scale_tensor(float(global_scale), x.device)
