@@ -496,6 +496,33 @@ def test_too_large_for_int32_offsets_is_refused_before_launch():
         kernels.run(None, x, w, w, "nvfp4", "plain", None, None)
 
 
+def test_past_the_grid_limit_m_is_launched_in_chunks(monkeypatch):
+    """MXFP4 with fp16 x stays on the fp4 kernels at every M; past M_CHUNK rows the launcher splits the call along M,
+    so no grid's token dimension passes 65535 CTAs (checked on meta tensors, with the compiled kernel stubbed)."""
+    from cute_kernels.linear_w4a16 import LinearW4A16
+
+    calls = []
+
+    def plan_for(m, n, k, *args, **override):
+        cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "fp16", False, False)
+        grid = LinearW4A16(cfg).launch_shape(m, n)["grid"]
+        assert max(grid[1:]) <= 65535 and -(-m // 8) <= 65535  # the main grid, and the x-fragment pass's
+        return (lambda x2d, w, sf, out2d, gs, b: calls.append((x2d.shape[0], out2d.shape[0])), None, None, None)
+
+    monkeypatch.setattr(kernels, "plan_for", plan_for)
+    m, n, k = 2 * kernels.M_CHUNK + 40, 8, 64
+    x = torch.empty(m, k, dtype=torch.float16, device="meta")
+    y = torch.empty(m, n, dtype=torch.float16, device="meta")
+    w = torch.empty(n, k // 2, dtype=torch.uint8, device="meta")
+    sf = torch.empty(n, k // 32, dtype=torch.uint8, device="meta")
+    kernels.run(y, x, w, sf, "mxfp4", "plain", None, None)
+    assert calls == [(kernels.M_CHUNK, kernels.M_CHUNK)] * 2 + [(40, 40)]
+    assert kernels.M_CHUNK % 16 == 0
+    calls.clear()
+    kernels.run(y[:kernels.M_CHUNK], x[:kernels.M_CHUNK], w, sf, "mxfp4", "plain", None, None)
+    assert calls == [(kernels.M_CHUNK, kernels.M_CHUNK)]
+
+
 def test_register_cap_rules():
     from cute_kernels.linear_w4a16 import LinearW4A16Config
 
@@ -689,6 +716,19 @@ def _check(y, x, w, plain, fmt, gs=None, bias=None):
 
 LAYOUTS = [("nvfp4", "plain"), ("nvfp4", "swizzled"), ("mxfp4", "plain")]
 DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.mark.gpu
+def test_past_the_grid_limit_on_the_gpu():
+    """M_CHUNK + 24 rows of fp16 x on MXFP4 (the fp4 kernels at every M): two launches, both right, the last one's
+    rows the same bits as a call of those rows alone."""
+    m, n, k = kernels.M_CHUNK + 24, 24, 128
+    w, scale, plain = _operands(n, k, "mxfp4", "plain")
+    w, scale = w.cuda(), scale.cuda()
+    x = torch.randn(m, k).to(torch.float16).cuda()
+    y = _run(x, w, scale, "mxfp4", "plain")
+    _check(y, x, w, plain, "mxfp4")
+    assert torch.equal(y[kernels.M_CHUNK:], _run(x[kernels.M_CHUNK:], w, scale, "mxfp4", "plain"))
 
 
 @pytest.mark.gpu

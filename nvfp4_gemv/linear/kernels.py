@@ -554,13 +554,20 @@ class Workspace:
         return got
 
 
+# Rows of x a launch of the fp4 kernels takes at most: the token tiles go on a grid dimension of at most 65535 CTAs
+# (the main kernel's y unless token tiles run fastest; the x-fragment pass's y, 8 tokens a CTA), so a call past
+# this (MXFP4 with fp16 x stays on these kernels at every M) is launched in chunks of rows, each a multiple of 16
+# and 16-byte aligned in x and y.
+M_CHUNK = 65528 * 8
+
+
 def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
     """The launch of one call signature (everything but M and the data): `launch(out2d, x2d, weight_u8, scale,
     global_scale, bias)`. A call costs the size check (M enters it), one dict lookup and the TVM-FFI launch; the
     config is chosen and compiled on the first call of each token class (M <= 2, 3-4, 5-8, 9-12, 13-16, 17-32,
-    more: within each, k_parts_for, token_tiles_for and m_major_for give one answer). From
-    prefill.PREFILL_MIN_TOKENS tokens (not with `override`, which names a config of the fp4 kernel) the call goes to
-    the dequantize-and-GEMM path instead (nvfp4_gemv/linear/prefill.py)."""
+    more: within each, k_parts_for, token_tiles_for and m_major_for give one answer; past M_CHUNK rows, one launch
+    a chunk of them). From prefill.PREFILL_MIN_TOKENS tokens (not with `override`, which names a config of the fp4
+    kernel) the call goes to the dequantize-and-GEMM path instead (nvfp4_gemv/linear/prefill.py)."""
     plans = {}
     workspace = Workspace(k, device)
 
@@ -574,6 +581,10 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
             if run_many is None:
                 run_many = plans["prefill"] = prefill.bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout)
             run_many(out2d, x2d, weight_u8, scale, global_scale, bias)
+            return
+        if m > M_CHUNK:
+            for m0 in range(0, m, M_CHUNK):
+                launch(out2d[m0:m0 + M_CHUNK], x2d[m0:m0 + M_CHUNK], weight_u8, scale, global_scale, bias)
             return
         tokens = (m < K_PARTS_ALWAYS_TOKENS, m <= K_PARTS_MAX_TOKENS, m <= 8, m <= 12, m <= 16, m <= 32)
         plan = plans.get(tokens)
