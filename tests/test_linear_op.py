@@ -491,6 +491,8 @@ def test_module_on_meta_then_loaded(fmt):
     with torch.device("meta"):
         m = FP4Linear(128, 48, fmt=fmt)
     assert m.weight.device.type == "meta"
+    with pytest.raises(ValueError, match="^weight: expected a tensor with data to quantize"):
+        FP4Linear.from_linear(torch.nn.Linear(128, 48, device="meta"), fmt)
     m = m.to_empty(device="cpu")
     m.load_state_dict(src.state_dict())
     x = torch.randn(3, 128, dtype=torch.bfloat16)

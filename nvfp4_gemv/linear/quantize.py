@@ -53,6 +53,8 @@ def _blocks(weight, block: int) -> torch.Tensor:
     if weight.dim() != 2 or weight.shape[0] < 1 or weight.shape[1] < 1 or weight.shape[1] % K_ALIGN:
         raise ValueError(f"weight: expected shape (N, K) with N >= 1 and K a positive multiple of {K_ALIGN}, "
                          f"got {tuple(weight.shape)}")
+    if weight.device.type == "meta":
+        raise ValueError("weight: expected a tensor with data to quantize, got one on the meta device")
     w = weight.detach().float()
     if not bool(torch.isfinite(w).all()):
         raise ValueError("weight: expected finite values, found NaN or infinity")
