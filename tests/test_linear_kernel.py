@@ -521,6 +521,8 @@ def test_past_the_grid_limit_m_is_launched_in_chunks(monkeypatch):
     calls.clear()
     kernels.run(y[:kernels.M_CHUNK], x[:kernels.M_CHUNK], w, sf, "mxfp4", "plain", None, None)
     assert calls == [(kernels.M_CHUNK, kernels.M_CHUNK)]
+    assert f"3 launches of at most {kernels.M_CHUNK} rows" in kernels.describe(m, n, k, "mxfp4", torch.float16)
+    assert "launches of" not in kernels.describe(kernels.M_CHUNK, n, k, "mxfp4", torch.float16)
 
 
 def test_register_cap_rules():

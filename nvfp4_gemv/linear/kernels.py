@@ -631,7 +631,8 @@ def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layou
         path += ", x in fragment order (prepared by a first kernel)"
     tiles = -(-m // cfg.tokens_per_cta)
     note = "" if m <= 16 else (f"; M > 16: {tiles} token tiles of {cfg.tokens_per_cta}, W decoded once per tile"
-                               + (", token tiles fastest (m_major)" if cfg.m_major else ""))
+                               + (", token tiles fastest (m_major)" if cfg.m_major else "")
+                               + (f", {-(-m // M_CHUNK)} launches of at most {M_CHUNK} rows" if m > M_CHUNK else ""))
     return (f"linear_w4a16 {fmt} {xd}: {path}, {cfg.mma_dtype} MMA, groups={cfg.groups} row_warps={cfg.row_warps} "
             f"k_warps={cfg.k_warps} token_tiles={cfg.token_tiles}"
             + (f" k_parts={cfg.k_parts}" if cfg.k_parts > 1 else "")
