@@ -23,10 +23,11 @@ def test_prefill_takes_many_tokens_except_mxfp4_with_fp16():
 
 
 @pytest.mark.parametrize("n,k", [(1, 64), (200, 2880), (8192, 28672), (70000, 64), (4096, 4096), (300, 2**20)])
-def test_chunk_rows(n, k):
-    rows = prefill.chunk_rows(n, k)
+@pytest.mark.parametrize("chunk_bytes", [prefill.CHUNK_BYTES, 16 << 20, 1 << 20])
+def test_chunk_rows(n, k, chunk_bytes):
+    rows = prefill.chunk_rows(n, k, chunk_bytes)
     assert rows % 128 == 0 and 128 <= rows <= 65535
-    assert rows * 2 * k <= prefill.CHUNK_BYTES or rows == 128
+    assert rows * 2 * k <= chunk_bytes or rows == 128
     assert rows <= -(-n // 128) * 128  # a small W is one chunk, no larger than its 128-row blocks
     chunks = -(-n // rows)
     assert chunks == 1 or (chunks - 1) * rows < n <= chunks * rows
@@ -156,6 +157,27 @@ def test_many_tokens_against_reference(fmt, layout, dtype, m, n, k):
     assert torch.equal(y, _run(x, w.cuda(), scale.cuda(), fmt, layout, gs, bias))  # repeatable
 
 
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,layout", LAYOUTS)
+def test_small_chunks_against_reference(fmt, layout):
+    """The path with chunks of 1 MB (`chunk_bytes`, as `bench.chunk_bytes_sweep` times them): 1300 rows of K = 2880
+    in 128-row chunks, the last one partial, against the reference, as the default chunks are (cuBLAS may sum a
+    narrower GEMM in another order, so the two need not agree bit for bit)."""
+    m, n, k = 130, 1300, 2880
+    w, scale, plain = _operands(n, k, fmt, layout)
+    w, scale = w.cuda(), scale.cuda()
+    x = torch.randn(m, k).to(torch.bfloat16).cuda()
+    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
+    bias = torch.randn(n).to(torch.bfloat16).cuda()
+    for chunk_bytes in (1 << 20, prefill.CHUNK_BYTES):
+        run = prefill.bind(n, k, x.device, x.dtype, torch.uint8, fmt, layout, chunk_bytes)
+        y = torch.empty(m, n, dtype=x.dtype, device="cuda")
+        run(y, x, w.view(torch.uint8), scale.view(torch.uint8), gs, bias)
+        _check(y, x, w, plain, fmt, gs, bias)
+    assert prefill.chunk_rows(n, k, 1 << 20) == 128 and prefill.chunk_rows(n, k) >= n
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,layout", LAYOUTS)
 @pytest.mark.parametrize("m,n,k", [(33, 200, 2048), (100, 1000, 4096), (127, 129, 192)])
@@ -167,3 +189,16 @@ def test_m_major_grid_against_reference(fmt, layout, m, n, k):
     y = _run(x, w.cuda(), scale.cuda(), fmt, layout, gs, None, m_major=True, k_splits=1)
     _check(y, x, w.cuda(), plain, fmt, gs)
     assert torch.equal(y, _run(x, w.cuda(), scale.cuda(), fmt, layout, gs, None, m_major=False, k_splits=1))
+
+
+def test_chunk_bytes_sweep_rows(monkeypatch):
+    """The chunk-size sweep's rows, with the timer stubbed: one a (shape, M, chunk size), its chunk's rows named."""
+    from nvfp4_gemv.linear import bench
+
+    monkeypatch.setattr(bench, "_time", lambda factory: 2.0)
+    rows = bench.chunk_bytes_sweep(shapes=((8192, 28672), (2880, 2880)), tokens=(128, 512), chunk_mb=(16, 64),
+                                   log=lambda *a: None)
+    assert len(rows) == 2 * 2 * 2
+    by = {(r["n"], r["m"], r["chunk_mb"]): r["chunk_rows"] for r in rows}
+    assert by[(8192, 128, 16)] == 256 and by[(8192, 512, 64)] == prefill.chunk_rows(8192, 28672)
+    assert by[(2880, 128, 16)] == 2816 and by[(2880, 128, 64)] == 2944  # one chunk: the 128-row blocks of W

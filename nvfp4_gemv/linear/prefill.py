@@ -36,19 +36,20 @@ def takes(m: int, fmt: str, x_dtype) -> bool:
     return m >= PREFILL_MIN_TOKENS and not (fmt == "mxfp4" and x_dtype in (torch.float16, "fp16"))
 
 
-def chunk_rows(n: int, k: int) -> int:
-    """Rows of W dequantized at a time: a multiple of 128 with at most CHUNK_BYTES of 16-bit values (at least 128
+def chunk_rows(n: int, k: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Rows of W dequantized at a time: a multiple of 128 with at most `chunk_bytes` of 16-bit values (at least 128
     rows), and no more than the dequantizer's grid takes."""
-    rows = max(128, CHUNK_BYTES // (2 * k) // 128 * 128)
+    rows = max(128, chunk_bytes // (2 * k) // 128 * 128)
     return min(rows, MAX_ROWS // 128 * 128, -(-n // 128) * 128)
 
 
-def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout):
-    """`run(out2d, x2d, weight_u8, scale, global_scale, bias)` for one call signature (everything but M)."""
+def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, chunk_bytes: int = CHUNK_BYTES):
+    """`run(out2d, x2d, weight_u8, scale, global_scale, bias)` for one call signature (everything but M); W is
+    dequantized in chunks of at most `chunk_bytes` (chunk_rows)."""
     cfg = DequantFp4Config(fmt=fmt, sf_kind=_SF_KINDS[scale_layout], out_dtype=_OUT_DTYPES[x_dtype],
                            sf_dtype=_SF_DTYPES[scale_dtype])
     dequant = raw_function(compile_kernel(DequantFp4, cfg, target(capability(device)), stream="torch"))
-    rows = chunk_rows(n, k)
+    rows = chunk_rows(n, k, chunk_bytes)
 
     def run(out2d, x2d, weight_u8, scale, global_scale, bias):
         for n0 in range(0, n, rows):
