@@ -68,7 +68,7 @@ class LinearW4A16Config:
     fmt: str = "nvfp4"  # "nvfp4" (e4m3 per 16) or "mxfp4" (e8m0 per 32)
     sf_kind: str = "plain"  # nvfp4 scale layout: "plain" (N, K/16) or "permuted" (the 128x4 atom layout)
     x_dtype: str = "bf16"  # activations and output: "bf16" or "fp16"
-    token_tiles: int = 1  # 8-token MMA tiles per CTA (1: M <= 8 per CTA, 2: 16)
+    token_tiles: int = 1  # 8-token MMA tiles per CTA (1: M <= 8 per CTA, 2: 16, 4: 32; W decoded once a CTA)
     groups: int = 1  # 16-row MMA groups per warp
     row_warps: int = 1  # warps on different rows, same K steps (they share x through L1)
     k_warps: int = 8  # warps on the same rows, interleaved K steps (summed in warp order)
@@ -92,8 +92,8 @@ class LinearW4A16Config:
             raise ValueError(f"x_dtype must be one of {X_DTYPES}, got {self.x_dtype!r}")
         if self.sf_kind not in ("plain", "permuted") or (self.fmt == "mxfp4" and self.sf_kind != "plain"):
             raise ValueError(f"sf_kind must be 'plain' or (nvfp4 only) 'permuted', got {self.sf_kind!r} for {self.fmt}")
-        if self.token_tiles not in (1, 2) or self.groups not in (1, 2, 4):
-            raise ValueError(f"token_tiles must be 1 or 2 and groups 1, 2 or 4, got {self}")
+        if self.token_tiles not in (1, 2, 4) or self.groups not in (1, 2, 4):
+            raise ValueError(f"token_tiles must be 1, 2 or 4 and groups 1, 2 or 4, got {self}")
         if not 1 <= self.row_warps * self.k_warps <= 16:
             raise ValueError(f"row_warps * k_warps must be in 1..16, got {self}")
         if self.fmt == "mxfp4" and self.global_scale:

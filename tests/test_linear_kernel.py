@@ -3,6 +3,7 @@ the config choice, and on a GPU the numbers: full-range data against the fp32 re
 reference's own rounding to the output dtype), one-hot probes of nibble order, sign and scale indexing per format,
 odd N, K = 2880, M past 16, every split the dispatcher can choose, and bit-identical results over 100 runs."""
 
+import dataclasses
 import itertools
 import json
 
@@ -238,6 +239,31 @@ def test_one_group_ab_points():
             1, other.k_warps, 2, other.max_registers, "", frag)
         assert kernels.grid_warps(n, 2, cfg.k_warps) < kernels.WIDEN_BELOW_WARPS * 132 and warps <= wave
     assert found >= 10
+
+
+def test_thirty_two_tokens_ab_points():
+    """The points `bench.token_tiles_ab` times: past 16 tokens, the dispatched 16-token CTAs against 32-token ones
+    (x in fragment order as dispatched), whose split fits one resident wave at the t4 registers the model counts;
+    16 tokens or fewer, and two K parts, are skipped. 32 tokens a CTA is never dispatched."""
+    from nvfp4_gemv.linear import bench
+
+    def pair(m, n, k, fmt="nvfp4"):
+        cfg = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4", 132)
+        return cfg, bench.thirty_two_tokens(m, n, k, fmt, "bf16", cfg)
+
+    assert pair(16, 8192, 28672)[1] is None
+    cfg = pair(33, 256, 4096)[0]
+    assert bench.thirty_two_tokens(33, 256, 4096, "nvfp4", "bf16", dataclasses.replace(cfg, k_parts=2)) is None
+    found = 0
+    for (n, k), m, fmt in itertools.product(bench.MANY_TOKENS_SHAPES, (17, 32, 33, 64, 127), ("nvfp4", "mxfp4")):
+        cfg, other = pair(m, n, k, fmt)
+        assert cfg.token_tiles == 2 and other is not None and other.token_tiles == 4
+        assert other.x_fragments == cfg.x_fragments and other.k_parts == 1
+        warps = kernels.grid_warps(n, other.groups, other.k_warps)
+        frag = kernels.fragments_key("bf16", other.mx_fold) if other.x_fragments else ""
+        assert warps <= 132 * kernels.resident_warps(other.groups, other.k_warps, 4, other.max_registers, "", frag)
+        found += 1
+    assert found == 70
 
 
 def test_small_weights_split_9_to_16_tokens_over_two_ctas():
@@ -855,6 +881,38 @@ ANY_K_WARPS = [
 # Each case in two of the six (format, scale layout, x dtype) combinations, all six over the cases (compiles are the
 # cost: one kernel a config and combination).
 ANY_K_WARPS_COMBOS = [(f, lay, d) for f, lay in LAYOUTS for d in DTYPES]
+
+
+# 32 tokens a CTA (token_tiles = 4: W decoded once per 32 tokens; not dispatched, timed by bench.token_tiles_ab):
+# (M, config) each in two of the six combinations. M = 17, 33 and 70 leave a partial last CTA along M.
+THIRTY_TWO_TOKENS = [
+    (17, dict(token_tiles=4, k_warps=8)), (32, dict(token_tiles=4, k_warps=4, x_fragments=True)),
+    (33, dict(token_tiles=4, groups=2, k_warps=4)), (70, dict(token_tiles=4, k_warps=8, x_fragments=True)),
+    (64, dict(token_tiles=4, groups=2, k_warps=5, x_fragments=True, m_major=True)),
+    (100, dict(token_tiles=4, k_warps=3, k_splits=2)),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case,combo", [(i, (i + j) % 6) for i in range(len(THIRTY_TWO_TOKENS)) for j in (0, 3)],
+                         ids=str)
+def test_32_tokens_a_cta(case, combo):
+    """Four token tiles a CTA: against the reference (full range, a global scale and a bias, a partial last step,
+    odd N) and repeatable; on small-integer data with unit scales bit for bit against two tiles a CTA of the same
+    split (each token's MMAs and sums are the same)."""
+    m, cfg = THIRTY_TWO_TOKENS[case]
+    fmt, layout, dtype = ANY_K_WARPS_COMBOS[combo]
+    n, k = 203, 2880 + 64
+    w, scale, plain, gs, bias = _cuda_operands(n, k, fmt, layout, dtype)
+    x = torch.randn(m, k).to(dtype).cuda()
+    y = _run(x, w, scale, fmt, layout, gs, bias, **cfg)
+    _check(y, x, w, plain, fmt, gs, bias)
+    assert torch.equal(y.view(torch.int16), _run(x, w, scale, fmt, layout, gs, bias, **cfg).view(torch.int16))
+    unit = _unit_scales(n, k, fmt, layout).cuda()
+    xi = torch.randint(-2, 3, (m, k)).to(dtype).cuda()
+    two = dict(cfg, token_tiles=2, acc_sets=1)
+    assert torch.equal(_run(xi, w, unit, fmt, layout, **dict(cfg, acc_sets=1)).view(torch.int16),
+                       _run(xi, w, unit, fmt, layout, **two).view(torch.int16))
 
 
 @pytest.mark.gpu

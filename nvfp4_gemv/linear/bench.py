@@ -274,8 +274,14 @@ def _before_now(n, k, m, fmt, dtype, before, now, rounds, rules=None) -> dict:
                 times[name] = min(times[name], _time(lambda: ours(n, k, m, fmt, dtype, **ov)))
     return dict(before_us=round(times["before"], 3), now_us=round(times["now"], 3),
                 now_over_before=round(times["now"] / times["before"], 4),
-                before=f"g{before.groups} kw{before.k_warps} ks{before.k_splits} r{before.max_registers}",
-                now=f"g{now.groups} kw{now.k_warps} ks{now.k_splits} r{now.max_registers}")
+                before=_label(before), now=_label(now))
+
+
+def _label(cfg) -> str:
+    """A config's split in a few fields: groups, k-warps, cluster, register cap, token tiles (and x in fragment
+    order)."""
+    return (f"g{cfg.groups} kw{cfg.k_warps} ks{cfg.k_splits} r{cfg.max_registers} t{cfg.token_tiles}"
+            + (" xf" if cfg.x_fragments else ""))
 
 
 def _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log, rules=None):
@@ -381,6 +387,33 @@ def one_group_ab(shapes=SHAPES, tokens=(12, 16), formats=FORMATS, dtypes=(torch.
 
     def pair(m, n, k, fmt, xd, dispatched):
         other = one_group(m, n, k, fmt, xd, dispatched)
+        return None if other is None else (dispatched, other)
+
+    return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log)
+
+
+def thirty_two_tokens(m, n, k, fmt, x_dtype, dispatched):
+    """Past 16 tokens, where the launcher runs 16-token CTAs of one K part, the config its rules give for CTAs of 32
+    tokens (token_tiles = 4: W decoded once per 32 tokens, at 128 registers a thread with one row group, 168 with
+    two), x in fragment order as dispatched; else None."""
+    from nvfp4_gemv.linear import kernels
+
+    if m <= 16 or dispatched.token_tiles != 2 or dispatched.k_parts != 1 or dispatched.block_columns:
+        return None
+    return kernels.config_for(m, n, k, fmt, "plain", x_dtype, False, fmt == "nvfp4", token_tiles=4,
+                              x_fragments=dispatched.x_fragments)
+
+
+def token_tiles_ab(shapes=None, tokens=(17, 24, 32, 48, 64, 96, 127), formats=FORMATS, dtypes=(torch.bfloat16,),
+                   rounds=2, csv_path=None, log=print):
+    """µs per call at every (shape, M, format, x dtype) where `thirty_two_tokens` gives a config: the dispatched
+    16-token CTAs (before) against 32-token CTAs (now), alternately `rounds` times, the best of each; with the read
+    of the same bytes (shapes: MANY_TOKENS_SHAPES by default). The question: whether decoding W once per 32 tokens
+    instead of 16 pays for the registers (one SM holds 16 warps of 128 registers, against 24-28 of 72-80)."""
+    shapes = MANY_TOKENS_SHAPES if shapes is None else shapes
+
+    def pair(m, n, k, fmt, xd, dispatched):
+        other = thirty_two_tokens(m, n, k, fmt, xd, dispatched)
         return None if other is None else (dispatched, other)
 
     return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log)
