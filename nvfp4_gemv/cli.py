@@ -359,6 +359,28 @@ def _cmd_sweep(args) -> int:
     return 0
 
 
+def _ab_names() -> list:
+    from nvfp4_gemv.linear.bench import AB_RUNS
+
+    return list(AB_RUNS)
+
+
+def _cmd_ab(args) -> int:
+    from nvfp4_gemv.linear.bench import AB_RUNS
+
+    if not _has_cuda():
+        print(f"{NO_GPU}: an A/B run times kernels, so there is nothing to do here.", file=sys.stderr)
+        return 1
+    args.out.mkdir(exist_ok=True)
+    for name in args.runs:
+        what, run = AB_RUNS[name]
+        path = args.out / f"linear_ab_{name}.csv"
+        print(f"== {name}: {what}", flush=True)
+        rows = run(rounds=args.rounds, csv_path=path, log=lambda s: print(s, flush=True))
+        print(f"wrote {path} ({len(rows)} rows)", flush=True)
+    return 0
+
+
 # ---- compile ---------------------------------------------------------------------------------------------------
 
 def _cmd_compile(args) -> int:
@@ -467,6 +489,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--linear: token counts M (default 1 4 8 16; with --many-tokens 33 64 96 128 192 256 512)")
     w.add_argument("--formats", nargs="+", choices=("nvfp4", "mxfp4"), default=["nvfp4"], help="--linear: formats")
     w.set_defaults(func=_cmd_sweep)
+
+    a = sub.add_parser("ab", help="the W4A16 linear: time configs its launcher's rules would change against the "
+                       "dispatched ones, alternately, beside the read (GPU)")
+    a.add_argument("runs", nargs="+", choices=_ab_names(), metavar="RUN",
+                   help="one or more of: " + ", ".join(_ab_names()))
+    a.add_argument("--rounds", type=_positive_int, default=2, help="alternate rounds, the best of each (default 2)")
+    a.add_argument("--out", type=_out_folder, default="bench-out",
+                   help="folder for linear_ab_<run>.csv (default: bench-out)")
+    a.set_defaults(func=_cmd_ab)
 
     k = sub.add_parser("compile", help="write PTX, cubin (and SASS with nvdisasm) and an instruction summary")
     k.add_argument("--arch", choices=GPU_ARCHS, required=True)

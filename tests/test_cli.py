@@ -300,6 +300,9 @@ def test_default_outputs_are_git_ignored():
         (["check", "--sf", "blocked"], "invalid choice"),
         (["sweep", "--timing", "wall"], "invalid choice"),
         (["sweep", "--iters", "0"], "--iters: must be >= 1"),
+        (["ab", "no_such_run"], "invalid choice"),
+        (["ab"], "the following arguments are required"),
+        (["ab", "token_tiles", "--rounds", "0"], "--rounds: must be >= 1"),
     ],
 )
 def test_argument_errors_exit_nonzero(argv, message, capsys):
@@ -310,6 +313,28 @@ def test_argument_errors_exit_nonzero(argv, message, capsys):
     assert message in err
     if argv and argv[0] == "bench":
         assert err.startswith("usage: nvfp4-gemv bench")  # bench's own usage, not the top-level one
+
+
+def test_ab_without_gpu_says_so(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: `ab` would time kernels")
+    assert cli.main(["ab", "token_tiles", "chunk_bytes"]) == 1
+    assert "an A/B run times kernels" in capsys.readouterr().err
+
+
+def test_ab_runs_name_their_points(monkeypatch, tmp_path):
+    """Every run `nvfp4-gemv ab` offers, with the timer stubbed: each writes its CSV of the points it would time
+    (the counts are the launcher's rules at this commit on the bench's shapes; a changed rule changes them)."""
+    from nvfp4_gemv.linear import bench
+
+    monkeypatch.setattr(bench, "_time", lambda factory: 1.0)
+    counts = {}
+    for name, (_, run) in bench.AB_RUNS.items():
+        rows = run(rounds=1, csv_path=tmp_path / f"{name}.csv", log=lambda *a: None)
+        assert (tmp_path / f"{name}.csv").exists()
+        counts[name] = len(rows)
+    assert counts == dict(k_warps=14, x_fragments=168, fragments_fp16=24, mx_fold=104, one_group=20,
+                          fragments_capped_64=54, fragments_capped_96=6, token_tiles=98, chunk_bytes=105)
 
 
 def test_sweep_columns_name_their_timer():

@@ -544,6 +544,27 @@ def chunk_bytes_sweep(shapes=MANY_TOKENS_SHAPES, tokens=(128, 256, 512), chunk_m
     return rows
 
 
+# The A/B runs `nvfp4-gemv ab` offers: name -> (what it times, the call). Each writes linear_ab_<name>.csv; the ones
+# that check a rule the launcher took name the BENCHMARKS.md section that records them.
+AB_RUNS = {
+    "k_warps": ("any number of k-warps (widen_k_warps) against powers of two", lambda **kw: k_warps_ab(**kw)),
+    "x_fragments": ("x in fragment order forced on and off at the launcher's split", lambda **kw: x_fragments_ab(**kw)),
+    "fragments_fp16": ("fp16 x's fragment register entry and cap against none", lambda **kw: fragments_fp16_ab(**kw)),
+    "mx_fold": ("MXFP4's scale fold with fp16 x against the general path", lambda **kw: mx_fold_ab(**kw)),
+    "one_group": ("16-token CTAs of one group and more warps against two groups under 18 warps an SM (the bench "
+                  "shapes and 40 drawn ones)",
+                  lambda **kw: one_group_ab(shapes=SHAPES + tuple(drawn_shapes(40, 1205)), **kw)),
+    "fragments_capped_64": ("16-token one-group CTAs with x in fragment order capped at 64 registers",
+                            lambda **kw: rules_ab(fragments_capped(1, 64), **kw)),
+    "fragments_capped_96": ("16-token two-group CTAs with x in fragment order capped at 96 registers",
+                            lambda **kw: rules_ab(fragments_capped(2, 96), **kw)),
+    "token_tiles": ("32-token CTAs (W decoded once per 32 tokens) against 16-token ones, 17-127 tokens",
+                    lambda **kw: token_tiles_ab(**kw)),
+    "chunk_bytes": ("the many-token path's chunk size: 8-64 MB at 128-512 tokens",
+                    lambda **kw: chunk_bytes_sweep(**kw)),
+}
+
+
 def quack(n, k, m, fmt, dtype=torch.bfloat16):
     from quack.gemm_w4 import gemm_w4a16, prepare_w4_weight
 
