@@ -901,18 +901,7 @@ def test_32_tokens_a_cta(case, combo):
     odd N) and repeatable; on small-integer data with unit scales bit for bit against two tiles a CTA of the same
     split (each token's MMAs and sums are the same)."""
     m, cfg = THIRTY_TWO_TOKENS[case]
-    fmt, layout, dtype = ANY_K_WARPS_COMBOS[combo]
-    n, k = 203, 2880 + 64
-    w, scale, plain, gs, bias = _cuda_operands(n, k, fmt, layout, dtype)
-    x = torch.randn(m, k).to(dtype).cuda()
-    y = _run(x, w, scale, fmt, layout, gs, bias, **cfg)
-    _check(y, x, w, plain, fmt, gs, bias)
-    assert torch.equal(y.view(torch.int16), _run(x, w, scale, fmt, layout, gs, bias, **cfg).view(torch.int16))
-    unit = _unit_scales(n, k, fmt, layout).cuda()
-    xi = torch.randint(-2, 3, (m, k)).to(dtype).cuda()
-    two = dict(cfg, token_tiles=2, acc_sets=1)
-    assert torch.equal(_run(xi, w, unit, fmt, layout, **dict(cfg, acc_sets=1)).view(torch.int16),
-                       _run(xi, w, unit, fmt, layout, **two).view(torch.int16))
+    _check_split(m, cfg, ANY_K_WARPS_COMBOS[combo], dict(cfg, acc_sets=1), dict(cfg, token_tiles=2, acc_sets=1))
 
 
 @pytest.mark.gpu
@@ -922,7 +911,14 @@ def test_any_number_of_k_warps(case, combo):
     a partial last step and odd N (full range, a global scale and a bias), and on small-integer data with unit scales
     (every partial sum exact) bit for bit against 8 k-warps of the same split."""
     m, cfg = ANY_K_WARPS[case]
-    fmt, layout, dtype = ANY_K_WARPS_COMBOS[combo]
+    _check_split(m, cfg, ANY_K_WARPS_COMBOS[combo], cfg, dict(cfg, k_warps=8, max_registers=0, k_splits=1))
+
+
+def _check_split(m, cfg, combo, exact, other):
+    """`cfg` at M tokens in (format, layout, x dtype) `combo`: against the reference on full-range data (a partial
+    last step, odd N, a global scale and a bias) and repeatable; then on small-integer data with unit scales (every
+    partial sum exact) config `exact` bit for bit against config `other`."""
+    fmt, layout, dtype = combo
     n, k = 203, 2880 + 64
     w, scale, plain, gs, bias = _cuda_operands(n, k, fmt, layout, dtype)
     x = torch.randn(m, k).to(dtype).cuda()
@@ -931,9 +927,8 @@ def test_any_number_of_k_warps(case, combo):
     assert torch.equal(y.view(torch.int16), _run(x, w, scale, fmt, layout, gs, bias, **cfg).view(torch.int16))
     unit = _unit_scales(n, k, fmt, layout).cuda()
     xi = torch.randint(-2, 3, (m, k)).to(dtype).cuda()
-    eight = dict(cfg, k_warps=8, max_registers=0, k_splits=1)
-    assert torch.equal(_run(xi, w, unit, fmt, layout, **cfg).view(torch.int16),
-                       _run(xi, w, unit, fmt, layout, **eight).view(torch.int16))
+    assert torch.equal(_run(xi, w, unit, fmt, layout, **exact).view(torch.int16),
+                       _run(xi, w, unit, fmt, layout, **other).view(torch.int16))
 
 
 @pytest.mark.gpu
