@@ -549,6 +549,9 @@ def chunk_bytes_sweep(shapes=MANY_TOKENS_SHAPES, tokens=(128, 256, 512), chunk_m
 AB_RUNS = {
     "k_warps": ("any number of k-warps (widen_k_warps) against powers of two", lambda **kw: k_warps_ab(**kw)),
     "x_fragments": ("x in fragment order forced on and off at the launcher's split", lambda **kw: x_fragments_ab(**kw)),
+    "x_fragments_few": ("at 1-2 tokens, x in fragment order with one and with two K parts a row",
+                        lambda **kw: x_fragments_ab(tokens=(1, 2), more={"parts2": dict(k_parts=2, x_fragments=True)},
+                                                    **kw)),
     "fragments_fp16": ("fp16 x's fragment register entry and cap against none", lambda **kw: fragments_fp16_ab(**kw)),
     "mx_fold": ("MXFP4's scale fold with fp16 x against the general path", lambda **kw: mx_fold_ab(**kw)),
     "one_group": ("16-token CTAs of one group and more warps against two groups under 18 warps an SM (the bench "
