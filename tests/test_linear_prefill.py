@@ -4,6 +4,8 @@ the chunking, the dequantizer's config checks and its PTX for sm_90a and sm_100a
 bit for bit against the fp32 reference's, and the path's output against the fp32 reference (error at most twice
 the reference's own rounding) on full-range data, both formats and layouts, chunked and not, and repeatable."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -163,15 +165,15 @@ def test_many_tokens_against_reference(fmt, layout, dtype, m, n, k):
 def test_small_chunks_against_reference(fmt, layout):
     """The path with chunks of 1 MB (`chunk_bytes`, as `bench.chunk_bytes_sweep` times them): 1300 rows of K = 2880
     in 128-row chunks, the last one partial, against the reference, as the default chunks are (cuBLAS may sum a
-    narrower GEMM in another order, so the two need not agree bit for bit)."""
+    narrower GEMM in another order, so the two need not agree bit for bit); both epilogues."""
     m, n, k = 130, 1300, 2880
     w, scale, plain = _operands(n, k, fmt, layout)
     w, scale = w.cuda(), scale.cuda()
     x = torch.randn(m, k).to(torch.bfloat16).cuda()
     gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
     bias = torch.randn(n).to(torch.bfloat16).cuda()
-    for chunk_bytes in (1 << 20, prefill.CHUNK_BYTES):
-        run = prefill.bind(n, k, x.device, x.dtype, torch.uint8, fmt, layout, chunk_bytes)
+    for chunk_bytes, epilogue in itertools.product((1 << 20, prefill.CHUNK_BYTES), prefill.EPILOGUES):
+        run = prefill.bind(n, k, x.device, x.dtype, torch.uint8, fmt, layout, chunk_bytes, epilogue)
         y = torch.empty(m, n, dtype=x.dtype, device="cuda")
         run(y, x, w.view(torch.uint8), scale.view(torch.uint8), gs, bias)
         _check(y, x, w, plain, fmt, gs, bias)
@@ -198,7 +200,30 @@ def test_chunk_bytes_sweep_rows(monkeypatch):
     monkeypatch.setattr(bench, "_time", lambda factory: 2.0)
     rows = bench.chunk_bytes_sweep(shapes=((8192, 28672), (2880, 2880)), tokens=(128, 512), chunk_mb=(16, 64),
                                    log=lambda *a: None)
-    assert len(rows) == 2 * 2 * 2
+    assert len(rows) == 2 * 2 * 2 * 2 and {r["epilogue"] for r in rows} == set(prefill.EPILOGUES)
     by = {(r["n"], r["m"], r["chunk_mb"]): r["chunk_rows"] for r in rows}
     assert by[(8192, 128, 16)] == 256 and by[(8192, 512, 64)] == prefill.chunk_rows(8192, 28672)
     assert by[(2880, 128, 16)] == 2816 and by[(2880, 128, 64)] == 2944  # one chunk: the 128-row blocks of W
+
+
+@pytest.mark.parametrize("gs,bias", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+def test_fused_epilogue_matches_the_separate_one(gs, bias, dtype):
+    """The fused epilogue (one kernel a chunk) writes the separate one's values into y's column slice, to within one
+    fp32 rounding before the rounding to x's dtype, and nothing outside the slice."""
+    torch.manual_seed(0)
+    y = torch.randn(7, 40) * 300
+    g = torch.tensor([0.37]) if gs else None
+    b = torch.randn(40).to(dtype) if bias else None
+    separate = y.clone()
+    if g is not None:
+        separate.mul_(g)
+    if b is not None:
+        separate.add_(b)
+    out = torch.full((7, 100), 7.0, dtype=dtype)
+    prefill._epilogue(y, g, b, out[:, 30:70])
+    want = separate.to(dtype)
+    assert (out[:, 30:70].float() - want.float()).abs().le(want.float().abs() * 2.0**-7).all()
+    assert (out[:, :30] == 7).all() and (out[:, 70:] == 7).all()
+    with pytest.raises(ValueError, match="^epilogue: expected one of"):
+        prefill.bind(8, 64, torch.device("cpu"), dtype, torch.uint8, "nvfp4", "plain", epilogue="inplace")

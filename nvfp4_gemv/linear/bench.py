@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import itertools
 import math
 
 import torch
@@ -454,17 +455,20 @@ MANY_TOKENS_SHAPES = ((8192, 28672), (28672, 4096), (4096, 14336), (4096, 4096),
                       (2048, 768))
 
 
-def chunked(n, k, m, fmt, dtype=torch.bfloat16, chunk_bytes=None):
+def chunked(n, k, m, fmt, dtype=torch.bfloat16, chunk_bytes=None, epilogue="separate", bias=False):
     """The dequantize-and-GEMM path (nvfp4_gemv/linear/prefill.py) at any M, as the op runs it from
-    PREFILL_MIN_TOKENS tokens (chunks of prefill.CHUNK_BYTES, or of `chunk_bytes`)."""
+    PREFILL_MIN_TOKENS tokens (chunks of prefill.CHUNK_BYTES, or of `chunk_bytes`; `epilogue` as prefill.bind takes
+    it), with the global scale of NVFP4 (and a bias)."""
     from nvfp4_gemv.linear import prefill
 
     x = torch.randn(m, k, device="cuda").to(dtype)
     pool = _pool(lambda: random_weights(n, k, fmt), weight_bytes(n, k, fmt))
-    run = prefill.bind(n, k, x.device, dtype, pool[0][1].dtype, fmt, "plain", chunk_bytes or prefill.CHUNK_BYTES)
+    run = prefill.bind(n, k, x.device, dtype, pool[0][1].dtype, fmt, "plain", chunk_bytes or prefill.CHUNK_BYTES,
+                       epilogue)
     y = torch.empty(m, n, device="cuda", dtype=dtype)
     gs = torch.full((1,), 0.5, device="cuda") if fmt == "nvfp4" else None
-    return (lambda d: run(y, x, d[0], d[1], gs, None)), pool
+    b = torch.randn(n, device="cuda").to(dtype) if bias else None
+    return (lambda d: run(y, x, d[0], d[1], gs, b)), pool
 
 
 def dequant_chunk(n, k, fmt):
@@ -517,11 +521,12 @@ def many_tokens_sweep(shapes=MANY_TOKENS_SHAPES, tokens=(33, 64, 96, 128, 192, 2
 
 
 def chunk_bytes_sweep(shapes=MANY_TOKENS_SHAPES, tokens=(128, 256, 512), chunk_mb=(8, 16, 24, 32, 64), fmt="nvfp4",
-                      rounds=2, csv_path=None, log=print):
-    """µs per call of the dequantize-and-GEMM path with W dequantized in chunks of each size in `chunk_mb` (MB of
-    16-bit values; the library's is prefill.CHUNK_BYTES), alternately `rounds` times, the best of each; with the read
-    of the fp4 bytes and cuBLAS bf16 on a ready bf16 weight. The question: whether a chunk the L2 holds, which the
-    GEMM then reads from the L2 rather than DRAM, pays for the more, narrower GEMMs it takes."""
+                      epilogues=("separate", "fused"), rounds=2, csv_path=None, log=print):
+    """µs per call of the dequantize-and-GEMM path (NVFP4: a global scale and a bias) with W dequantized in chunks of
+    each size in `chunk_mb` (MB of 16-bit values; the library's is prefill.CHUNK_BYTES) and each of `epilogues`
+    (prefill.bind's), alternately `rounds` times, the best of each; with the read of the fp4 bytes and cuBLAS bf16 on
+    a ready bf16 weight. The questions: whether a chunk the L2 holds, which the GEMM then reads from the L2 rather
+    than DRAM, pays for the more, narrower GEMMs it takes, and what one epilogue kernel a chunk saves."""
     from nvfp4_gemv.linear import prefill
 
     rows = []
@@ -530,15 +535,16 @@ def chunk_bytes_sweep(shapes=MANY_TOKENS_SHAPES, tokens=(128, 256, 512), chunk_m
         for m in tokens:
             best = {}
             for _ in range(rounds):
-                for mb in chunk_mb:
-                    t = _time(lambda: chunked(n, k, m, fmt, chunk_bytes=mb << 20))
-                    best[mb] = min(best.get(mb, math.inf), t)
+                for mb, epi in itertools.product(chunk_mb, epilogues):
+                    t = _time(lambda: chunked(n, k, m, fmt, chunk_bytes=mb << 20, epilogue=epi, bias=True))
+                    best[mb, epi] = min(best.get((mb, epi), math.inf), t)
             cub = _time(lambda: cublas(n, k, m))
-            for mb, t in best.items():
-                rows.append(dict(n=n, k=k, m=m, chunk_mb=mb, chunk_rows=prefill.chunk_rows(n, k, mb << 20),
-                                 read_us=read, us=t, ratio=t / read, cublas_us=cub))
+            for (mb, epi), t in best.items():
+                rows.append(dict(n=n, k=k, m=m, chunk_mb=mb, epilogue=epi,
+                                 chunk_rows=prefill.chunk_rows(n, k, mb << 20), read_us=read, us=t, ratio=t / read,
+                                 cublas_us=cub))
             log(f"{n:>6}x{k:<6} {m:>4} read {read:7.2f} cuBLAS {cub:8.2f}  "
-                + "  ".join(f"{mb} MB: {t:8.2f}" for mb, t in best.items()))
+                + "  ".join(f"{mb} MB {epi}: {t:8.2f}" for (mb, epi), t in best.items()))
     if csv_path:
         write_csv(rows, csv_path)
     return rows

@@ -43,9 +43,18 @@ def chunk_rows(n: int, k: int, chunk_bytes: int = CHUNK_BYTES) -> int:
     return min(rows, MAX_ROWS // 128 * 128, -(-n // 128) * 128)
 
 
-def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, chunk_bytes: int = CHUNK_BYTES):
+EPILOGUES = ("separate", "fused")
+
+
+def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, chunk_bytes: int = CHUNK_BYTES,
+         epilogue: str = "separate"):
     """`run(out2d, x2d, weight_u8, scale, global_scale, bias)` for one call signature (everything but M); W is
-    dequantized in chunks of at most `chunk_bytes` (chunk_rows)."""
+    dequantized in chunks of at most `chunk_bytes` (chunk_rows). `epilogue`: how a chunk's fp32 sums get the global
+    scale and bias and reach y: "separate", in place and then copied (up to three kernels a chunk); "fused", one
+    elementwise kernel writing y's columns (addcmul, mul or add with y's slice as its out), the same values to within
+    an fp32 rounding before the one rounding to x's dtype (not yet timed against "separate")."""
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"epilogue: expected one of {EPILOGUES}, got {epilogue!r}")
     cfg = DequantFp4Config(fmt=fmt, sf_kind=_SF_KINDS[scale_layout], out_dtype=_OUT_DTYPES[x_dtype],
                            sf_dtype=_SF_DTYPES[scale_dtype])
     dequant = raw_function(compile_kernel(DequantFp4, cfg, target(capability(device)), stream="torch"))
@@ -58,6 +67,9 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, chunk_bytes: int
             w16 = torch.empty(n1 - n0, k, dtype=x2d.dtype, device=x2d.device)
             dequant(weight_u8[n0:n1], scale[n0:n0 + sf_rows], w16)
             y = torch.mm(x2d, w16.t(), out_dtype=torch.float32)  # fp32 sums, whatever cuBLAS's reduction setting
+            if epilogue == "fused":
+                _epilogue(y, global_scale, None if bias is None else bias[n0:n1], out2d[:, n0:n1])
+                continue
             if global_scale is not None:
                 y.mul_(global_scale)
             if bias is not None:
@@ -65,3 +77,15 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, chunk_bytes: int
             out2d[:, n0:n1].copy_(y)
 
     return run
+
+
+def _epilogue(y, global_scale, bias, out):
+    """out = y · global_scale + bias in one elementwise kernel (fp32 arithmetic, one rounding to out's dtype)."""
+    if global_scale is not None and bias is not None:
+        torch.addcmul(bias, y, global_scale, out=out)
+    elif global_scale is not None:
+        torch.mul(y, global_scale, out=out)
+    elif bias is not None:
+        torch.add(y, bias, out=out)
+    else:
+        out.copy_(y)
