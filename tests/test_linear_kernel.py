@@ -266,6 +266,18 @@ def test_thirty_two_tokens_ab_points():
     assert found == 70
 
 
+def test_partitioned_ctas_per_sm():
+    """The sub-partition count of `bench.partitioned_ctas_per_sm` against the sm_90a compiles it was read from: a
+    cap tells ptxas the CTAs, and it allows 16384 / (32 x the warps one partition holds), rounded down to 8."""
+    from nvfp4_gemv.dispatch import ctas_per_sm
+    from nvfp4_gemv.linear.bench import partitioned_ctas_per_sm as part
+
+    differ = {r: [w for w in range(1, 17) if part(r, w) != ctas_per_sm(r, w)] for r in (48, 56, 64, 72, 80, 96, 128)}
+    assert differ == {48: [2, 3, 6, 7, 14], 56: [], 64: [], 72: [], 80: [1, 5], 96: [1, 3, 7], 128: []}
+    assert (ctas_per_sm(80, 5), part(80, 5)) == (5, 4)  # five CTAs: 25 warps, 7 on a partition, 72 registers
+    assert (ctas_per_sm(96, 7), part(96, 7)) == (3, 2)  # three: 21 warps, 6 on a partition, 80 registers
+
+
 def test_small_weights_split_9_to_16_tokens_over_two_ctas():
     """At 9-16 tokens a W of at most SPLIT_TOKENS_MAX_WEIGHT elements takes two 8-token CTAs along M, and the split
     is chosen for twice the rows (docs/linear_sweep_h200_m16_t1b.csv); larger W, M <= 8 and M > 16 are as before."""

@@ -550,6 +550,21 @@ def chunk_bytes_sweep(shapes=MANY_TOKENS_SHAPES, tokens=(128, 256, 512), chunk_m
     return rows
 
 
+def partitioned_ctas_per_sm(registers: int, warps: int) -> int:
+    """CTAs of `warps` warps an SM holds as ptxas counts registers when a cap tells it the CTAs: each of the SM's four
+    sub-partitions holds ceil(warps on the SM / 4) warps in its 16384 registers, rounded down to 8 a thread
+    (BENCHMARKS.md, "Fewer registers at 16 tokens a CTA": every sm_90a compile of that survey fits it). The resident-
+    warp model (`dispatch.ctas_per_sm`) divides the whole file and counts one CTA more at 80 registers with 1 or 5
+    warps a CTA, 96 with 1, 3 or 7, 48 with 2, 3, 6, 7 or 14. A candidate rule, timed by the `register_partitions`
+    run; the launcher does not use it."""
+    from nvfp4_gemv.dispatch import ctas_per_sm
+
+    ctas = ctas_per_sm(registers, warps)
+    while ctas > 0 and 16384 // (32 * -(-ctas * warps // 4)) // 8 * 8 < registers:
+        ctas -= 1
+    return ctas
+
+
 # The A/B runs `nvfp4-gemv ab` offers: name -> (what it times, the call). Each writes linear_ab_<name>.csv; the ones
 # that check a rule the launcher took name the BENCHMARKS.md section that records them.
 AB_RUNS = {
@@ -571,6 +586,12 @@ AB_RUNS = {
                     lambda **kw: token_tiles_ab(**kw)),
     "chunk_bytes": ("the many-token path's chunk size: 8-64 MB at 128-512 tokens",
                     lambda **kw: chunk_bytes_sweep(**kw)),
+    "register_partitions": ("splits chosen with the register file's sub-partitions counted (partitioned_ctas_per_sm), "
+                            "1-16 tokens, bf16 and fp16 x, the bench shapes and 40 drawn ones",
+                            lambda **kw: rules_ab(dict(ctas_per_sm=partitioned_ctas_per_sm),
+                                                  shapes=SHAPES + tuple(drawn_shapes(40, 1205)),
+                                                  tokens=(1, 2, 3, 4, 6, 8, 9, 12, 16),
+                                                  dtypes=(torch.bfloat16, torch.float16), **kw)),
 }
 
 
