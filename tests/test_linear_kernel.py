@@ -561,6 +561,13 @@ def test_past_the_grid_limit_m_is_launched_in_chunks(monkeypatch):
     assert calls == [(kernels.M_CHUNK, kernels.M_CHUNK)]
     assert f"3 launches of at most {kernels.M_CHUNK} rows" in kernels.describe(m, n, k, "mxfp4", torch.float16)
     assert "launches of" not in kernels.describe(kernels.M_CHUNK, n, k, "mxfp4", torch.float16)
+    # The size check is each chunk's: x of 2^32 bytes and more is fine where a chunk's offsets fit in int32.
+    k = 8192
+    assert not LinearW4A16.can_implement(m, n, k) and LinearW4A16.can_implement(kernels.M_CHUNK, n, k)
+    calls.clear()
+    kernels.run(y, torch.empty(m, k, dtype=torch.float16, device="meta"), torch.empty(n, k // 2, dtype=torch.uint8,
+                device="meta"), torch.empty(n, k // 32, dtype=torch.uint8, device="meta"), "mxfp4", "plain", None, None)
+    assert calls == [(kernels.M_CHUNK, kernels.M_CHUNK)] * 2 + [(40, 40)]
 
 
 def test_register_cap_rules():

@@ -575,18 +575,19 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
 
     def launch(out2d, x2d, weight_u8, scale, global_scale, bias):
         m = x2d.shape[0]
+        many = not override and prefill.takes(m, fmt, x_dtype)
+        if m > M_CHUNK and not many:  # each chunk's offsets count from its own rows: the size check is a chunk's
+            for m0 in range(0, m, M_CHUNK):
+                launch(out2d[m0:m0 + M_CHUNK], x2d[m0:m0 + M_CHUNK], weight_u8, scale, global_scale, bias)
+            return
         if not LinearW4A16.can_implement(m, n, k):
             raise ValueError(f"fp4_linear: (M, N, K) = ({m}, {n}, {k}) is too large or malformed for the kernel: "
                              f"{LinearW4A16.can_implement.__doc__} Split the call along M or N.")
-        if not override and prefill.takes(m, fmt, x_dtype):
+        if many:
             run_many = plans.get("prefill")
             if run_many is None:
                 run_many = plans["prefill"] = prefill.bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout)
             run_many(out2d, x2d, weight_u8, scale, global_scale, bias)
-            return
-        if m > M_CHUNK:
-            for m0 in range(0, m, M_CHUNK):
-                launch(out2d[m0:m0 + M_CHUNK], x2d[m0:m0 + M_CHUNK], weight_u8, scale, global_scale, bias)
             return
         tokens = (m < K_PARTS_ALWAYS_TOKENS, m <= K_PARTS_MAX_TOKENS, m <= 8, m <= 12, m <= 16, m <= 32)
         plan = plans.get(tokens)

@@ -10,6 +10,8 @@ module built on the meta device (to be filled by `to_empty` and `load_state_dict
 
 from __future__ import annotations
 
+import operator
+
 import torch
 from torch import nn
 
@@ -21,13 +23,33 @@ from nvfp4_gemv.linear.validate import check_global_scale_value, scale_shape, va
 _FORMAT_BUFFERS = ("weight", "weight_scale", "global_scale")
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _as_int(v):
+    """v as an int where it is an integer (numpy's included, as nn.Linear takes them; not a bool), else None."""
+    if isinstance(v, bool):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
 
 
 def _check_dtype(dtype, name: str = "dtype", hint: str = "") -> None:
     if dtype not in ACTIVATION_DTYPES:
         raise ValueError(f"{name}: expected one of {ACTIVATION_DTYPES} (the activations' dtype), got {dtype!r}{hint}")
+
+
+def _checked(weight, weight_scale, fmt, scale_layout, global_scale, bias, dtype) -> tuple[int, int]:
+    """(N, K) of a module's tensors, all checked as `fp4_linear` takes them (x of `dtype`, the bias's where there is
+    one) and a tensor scale for NaN and infinity; ValueError naming the tensor otherwise."""
+    if bias is not None and isinstance(bias, torch.Tensor):
+        _check_dtype(bias.dtype, "bias", "; cast it, e.g. bias.to(torch.bfloat16)")
+        dtype = bias.dtype
+    _check_dtype(dtype)
+    x = torch.empty((0, 2 * weight.shape[1]), dtype=dtype, device=weight.device) \
+        if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
+    _, n, k = validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)
+    check_global_scale_value(global_scale)
+    return n, k
 
 
 class FP4Linear(nn.Module):
@@ -38,10 +60,12 @@ class FP4Linear(nn.Module):
                  scale_layout: str = "plain", device=None, dtype: torch.dtype = torch.bfloat16):
         super().__init__()
         f = format_of(fmt)
-        if not _is_int(in_features) or in_features < 1 or in_features % K_ALIGN:
+        k, n = _as_int(in_features), _as_int(out_features)
+        if k is None or k < 1 or k % K_ALIGN:
             raise ValueError(f"in_features: expected a positive multiple of {K_ALIGN}, got {in_features!r}")
-        if not _is_int(out_features) or out_features < 1:
+        if n is None or n < 1:
             raise ValueError(f"out_features: expected a positive int, got {out_features!r}")
+        in_features, out_features = k, n
         _check_dtype(dtype)
         weight = torch.zeros((out_features, in_features // 2), dtype=torch.uint8, device=device)
         weight_scale = torch.zeros(scale_shape(f, scale_layout, out_features, in_features),
@@ -52,14 +76,7 @@ class FP4Linear(nn.Module):
 
     def _set(self, weight, weight_scale, fmt, scale_layout, global_scale, bias, dtype):
         """Check and take the tensors as buffers; `dtype` is the activations' (the bias's, when there is one)."""
-        if bias is not None and isinstance(bias, torch.Tensor):
-            _check_dtype(bias.dtype, "bias", "; cast it, e.g. bias.to(torch.bfloat16)")
-            dtype = bias.dtype
-        _check_dtype(dtype)
-        x = torch.empty((0, 2 * weight.shape[1]), dtype=dtype, device=weight.device) \
-            if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
-        _, n, k = validate_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)
-        check_global_scale_value(global_scale)
+        n, k = _checked(weight, weight_scale, fmt, scale_layout, global_scale, bias, dtype)
         if global_scale is not None and not isinstance(global_scale, torch.Tensor):
             global_scale = torch.full((), float(global_scale), dtype=torch.float32, device=weight.device)
         self.in_features, self.out_features = k, n
@@ -135,9 +152,16 @@ class FP4Linear(nn.Module):
                                           error_msgs)
         finally:
             for name, (own, raw_view, entry) in swapped.items():
-                now = self._buffers[name]  # the raw view, or with assign=True the state dict's tensor as bytes
-                self._buffers[name] = own if now is raw_view else now.view(own.dtype)
+                # Copied into the raw view (the usual load): the buffer itself. Assigned, or swapped into the raw
+                # view (torch.__future__.set_swap_module_params_on_conversion): the loaded bytes, in its dtype.
+                now = self._buffers[name]
+                kept = now is raw_view and now.device == own.device and now.data_ptr() == own.data_ptr()
+                self._buffers[name] = own if kept else now.view(own.dtype)
                 state_dict[prefix + name] = entry
+        if local_metadata.get("assign_to_params_buffers", False):  # the state dict's tensors as they are: check them
+            bias = self._buffers.get("bias")
+            _checked(self.weight, self.weight_scale, self.fmt, self.scale_layout, self.global_scale, bias,
+                     torch.bfloat16 if bias is None else bias.dtype)
 
     def _apply(self, fn, recurse=True):
         # nn.Module casts every floating-point buffer on .half()/.to(dtype); the format's buffers (fp4, e4m3, e8m0,

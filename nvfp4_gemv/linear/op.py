@@ -9,13 +9,14 @@ while tracing. CUDA runs the kernel (`EagerLinear`, below); other devices run th
 validates and binds the launch once per metadata signature (as nvfp4_gemv.dispatch does), then per call checks two
 pointers' alignment, allocates y and launches. A python-float global_scale reaches the kernel as a cached 1-element
 fp32 device tensor (a first call with a new value copies it to the device, so warm up before capturing a CUDA graph);
-under torch.compile it becomes a `torch.full` in the graph (where the compiler makes the number symbolic, its NaN and
-infinity check is a run-time assertion in the graph). Other devices run the reference, a float kept as a float.
+under torch.compile it becomes a 1-element tensor in the graph, one graph for every value the compiler makes symbolic,
+and is not checked for NaN or infinity there (a tensor scale, as FP4Linear and the loaders hold, is checked when they
+are built). Other devices run the reference, a float kept as a float.
 
-Gradients: the op has an autograd formula for x and bias (`_backward`: W dequantized by the reference in row chunks,
-fp32 sums), so a frozen fp4 layer can sit under trained adapters, in eager mode and under torch.compile. An eager
-CUDA call whose x or bias requires grad (with grad mode on) goes through the op for that; the CPU path is the
-reference, which autograd follows as it is.
+Gradients: the op has an autograd formula for x, bias and a tensor global scale (`_backward`: W dequantized by the
+reference in row chunks, fp32 sums), so a frozen fp4 layer can sit under trained adapters, in eager mode and under
+torch.compile. An eager CUDA call whose x or bias requires grad (with grad mode on) goes through the op for that; the
+CPU path is the reference, which autograd follows as it is.
 """
 
 from __future__ import annotations
@@ -145,36 +146,44 @@ def _fp4_linear_fake(x, weight, weight_scale, fmt, scale_layout, global_scale, b
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
-GRAD_CHUNK_BYTES = 64 << 20  # fp32 rows of W dequantized at a time by the backward
+GRAD_CHUNK_BYTES = 64 << 20  # fp32 rows of W dequantized at a time by the backward (temporaries: about 3x that)
 
 
 def _setup_context(ctx, inputs, output):
     x, weight, weight_scale, fmt, scale_layout, global_scale, bias = inputs
-    ctx.save_for_backward(weight, weight_scale, global_scale)
+    scale_grad = isinstance(global_scale, torch.Tensor) and global_scale.requires_grad
+    ctx.save_for_backward(weight, weight_scale, global_scale, x if scale_grad else None)
     ctx.meta = (fmt, scale_layout, x.dtype)
 
 
 def _backward(ctx, grad):
-    """dy -> (dx, dbias): dx = dy · dequant(W) with fp32 sums, W dequantized by the reference in chunks of 128-row
-    multiples (at most GRAD_CHUNK_BYTES of fp32), rounded once to x's dtype; dbias = dy summed over the rows. The
-    fp4 tensors and the global scale get none. For adapters trained on a frozen fp4 layer; not a fast path."""
-    weight, weight_scale, global_scale = ctx.saved_tensors
+    """dy -> (dx, d global_scale, dbias): dx = dy · dequant(W) with fp32 sums, W dequantized by the reference in
+    chunks of 128-row multiples (at most GRAD_CHUNK_BYTES of fp32), rounded once to x's dtype; a tensor global scale
+    that requires grad gets the sum of dy · (x · W without it)ᵀ; dbias = dy summed over the rows. The fp4 tensors
+    get none. For adapters trained on a frozen fp4 layer; not a fast path."""
+    weight, weight_scale, global_scale, x = ctx.saved_tensors
     fmt, scale_layout, x_dtype = ctx.meta
     n, k = weight.shape[0], 2 * weight.shape[1]
     dy = grad.reshape(-1, n).float()
-    dx = db = None
-    if ctx.needs_input_grad[0]:
-        acc = torch.zeros(dy.shape[0], k, dtype=torch.float32, device=grad.device)
+    want_x, want_scale = ctx.needs_input_grad[0], ctx.needs_input_grad[5]
+    acc = torch.zeros(dy.shape[0], k, dtype=torch.float32, device=grad.device) if want_x else None
+    d_scale = torch.zeros((), dtype=torch.float32, device=grad.device) if want_scale else None
+    if want_x or want_scale:
         rows = max(128, GRAD_CHUNK_BYTES // (4 * k) // 128 * 128)
         for n0 in range(0, n, rows):
             n1 = min(n, n0 + rows)
             sf_rows = n1 - n0 if scale_layout == "plain" else -(-(n1 - n0) // 128) * 128  # a slice of 128-row atoms
-            w = dequantize(weight[n0:n1], weight_scale[n0:n0 + sf_rows], fmt, scale_layout, global_scale)
-            acc.addmm_(dy[:, n0:n1], w)
-        dx = acc.to(x_dtype).reshape(*grad.shape[:-1], k)
-    if ctx.needs_input_grad[6]:
-        db = dy.sum(0).to(grad.dtype)
-    return dx, None, None, None, None, None, db
+            w_rows, sf_slice = weight[n0:n1], weight_scale[n0:n0 + sf_rows]
+            if want_x:
+                acc.addmm_(dy[:, n0:n1], dequantize(w_rows, sf_slice, fmt, scale_layout, global_scale.detach()
+                                                    if global_scale is not None else None))
+            if want_scale:
+                w0 = dequantize(w_rows, sf_slice, fmt, scale_layout, None)
+                d_scale += (dy[:, n0:n1] * (x.reshape(-1, k).float() @ w0.t())).sum()
+    dx = acc.to(x_dtype).reshape(*grad.shape[:-1], k) if want_x else None
+    d_scale = d_scale.reshape(global_scale.shape) if want_scale else None
+    db = dy.sum(0).to(grad.dtype) if ctx.needs_input_grad[6] else None
+    return dx, None, None, None, None, d_scale, db
 
 
 fp4_linear_op.register_autograd(_backward, setup_context=_setup_context)
@@ -196,13 +205,15 @@ def fp4_linear(x, weight, weight_scale, fmt="nvfp4", global_scale=None, bias=Non
         if isinstance(global_scale, numbers.Real) and not isinstance(global_scale, bool):
             if not format_of(fmt).has_global:
                 check_global_scale(format_of(fmt), global_scale)  # raises: the format has no tensor scale
-            # Not math.isfinite: the compiler may have made the number symbolic; this is a check in the graph then.
-            torch._check(global_scale - global_scale == 0, lambda: "global_scale: expected a finite value")
-            global_scale = torch.full((1,), float(global_scale), dtype=torch.float32, device=x.device)
+            # A tensor op on the number, and no branch on its value: the compiler may make a float input symbolic,
+            # and any test of it in Python would pin it (one recompile per value, a hard failure past the cache
+            # limit with fullgraph=True). So no NaN check here: a NaN or infinite scale gives NaN or inf outputs.
+            global_scale = torch.ones((1,), dtype=torch.float32, device=x.device) * global_scale
         return torch.ops.nvfp4_gemv.fp4_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)
     if isinstance(x, torch.Tensor) and x.device.type == "cuda":
         # Inputs that need grad go through the op, which autograd knows (_backward); the kernel still runs forward.
-        if (x.requires_grad or (isinstance(bias, torch.Tensor) and bias.requires_grad)) and torch.is_grad_enabled():
+        if (x.requires_grad or (isinstance(bias, torch.Tensor) and bias.requires_grad)
+                or (isinstance(global_scale, torch.Tensor) and global_scale.requires_grad)) and torch.is_grad_enabled():
             if global_scale is not None and not isinstance(global_scale, torch.Tensor):
                 check_global_scale(format_of(fmt), global_scale)
                 global_scale = EAGER.scale_tensor(float(global_scale), x.device)
