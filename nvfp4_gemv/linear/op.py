@@ -212,8 +212,8 @@ def fp4_linear(x, weight, weight_scale, fmt="nvfp4", global_scale=None, bias=Non
         return torch.ops.nvfp4_gemv.fp4_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)
     if isinstance(x, torch.Tensor) and x.device.type == "cuda":
         # Inputs that need grad go through the op, which autograd knows (_backward); the kernel still runs forward.
-        if (x.requires_grad or (isinstance(bias, torch.Tensor) and bias.requires_grad)
-                or (isinstance(global_scale, torch.Tensor) and global_scale.requires_grad)) and torch.is_grad_enabled():
+        if torch.is_grad_enabled() and (x.requires_grad or (isinstance(bias, torch.Tensor) and bias.requires_grad) or (
+                isinstance(global_scale, torch.Tensor) and global_scale.requires_grad)):
             if global_scale is not None and not isinstance(global_scale, torch.Tensor):
                 check_global_scale(format_of(fmt), global_scale)
                 global_scale = EAGER.scale_tensor(float(global_scale), x.device)
