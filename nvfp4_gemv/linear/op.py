@@ -168,6 +168,7 @@ def _backward(ctx, grad):
     want_x, want_scale = ctx.needs_input_grad[0], ctx.needs_input_grad[5]
     acc = torch.zeros(dy.shape[0], k, dtype=torch.float32, device=grad.device) if want_x else None
     d_scale = torch.zeros((), dtype=torch.float32, device=grad.device) if want_scale else None
+    xs = x.reshape(-1, k).float() if want_scale else None
     if want_x or want_scale:
         rows = max(128, GRAD_CHUNK_BYTES // (4 * k) // 128 * 128)
         for n0 in range(0, n, rows):
@@ -179,7 +180,7 @@ def _backward(ctx, grad):
                                                     if global_scale is not None else None))
             if want_scale:
                 w0 = dequantize(w_rows, sf_slice, fmt, scale_layout, None)
-                d_scale += (dy[:, n0:n1] * (x.reshape(-1, k).float() @ w0.t())).sum()
+                d_scale += (dy[:, n0:n1] * (xs @ w0.t())).sum()
     dx = acc.to(x_dtype).reshape(*grad.shape[:-1], k) if want_x else None
     d_scale = d_scale.reshape(global_scale.shape) if want_scale else None
     db = dy.sum(0).to(grad.dtype) if ctx.needs_input_grad[6] else None
