@@ -314,6 +314,17 @@ def _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log, rules
     return rows
 
 
+def _against(other):
+    """A `_rule_ab` pair: the dispatched config (before) against `other(m, n, k, fmt, x_dtype, dispatched)` (now),
+    or no point where that gives None."""
+
+    def pair(m, n, k, fmt, xd, dispatched):
+        config = other(m, n, k, fmt, xd, dispatched)
+        return None if config is None else (dispatched, config)
+
+    return pair
+
+
 def rules_ab(patch: dict, proposed: bool = True, shapes=SHAPES, tokens=(9, 12, 16), formats=FORMATS,
              dtypes=(torch.bfloat16,), rounds=2, csv_path=None, log=print):
     """µs per call at every (shape, M, format, x dtype) where the launcher's rules with `patch` (names in
@@ -386,11 +397,7 @@ def one_group_ab(shapes=SHAPES, tokens=(12, 16), formats=FORMATS, dtypes=(torch.
     split (before) against the one-group one (now), alternately `rounds` times, the best of each; with the read of
     the same bytes."""
 
-    def pair(m, n, k, fmt, xd, dispatched):
-        other = one_group(m, n, k, fmt, xd, dispatched)
-        return None if other is None else (dispatched, other)
-
-    return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log)
+    return _rule_ab(shapes, tokens, formats, dtypes, rounds, _against(one_group), csv_path, log)
 
 
 def thirty_two_tokens(m, n, k, fmt, x_dtype, dispatched):
@@ -412,12 +419,7 @@ def token_tiles_ab(shapes=None, tokens=(17, 24, 32, 48, 64, 96, 127), formats=FO
     of the same bytes (shapes: MANY_TOKENS_SHAPES by default). The question: whether decoding W once per 32 tokens
     instead of 16 pays for the registers (one SM holds 16 warps of 128 registers, against 24-28 of 72-80)."""
     shapes = MANY_TOKENS_SHAPES if shapes is None else shapes
-
-    def pair(m, n, k, fmt, xd, dispatched):
-        other = thirty_two_tokens(m, n, k, fmt, xd, dispatched)
-        return None if other is None else (dispatched, other)
-
-    return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log)
+    return _rule_ab(shapes, tokens, formats, dtypes, rounds, _against(thirty_two_tokens), csv_path, log)
 
 
 # (M, N, K, format, global scale) whose dispatched config with fp16 x is one the register caps of 2026-12-04 touch:
@@ -557,10 +559,10 @@ def partitioned_ctas_per_sm(registers: int, warps: int) -> int:
     warp model (`dispatch.ctas_per_sm`) divides the whole file and counts one CTA more at 80 registers with 1 or 5
     warps a CTA, 96 with 1, 3 or 7, 48 with 2, 3, 6, 7 or 14. A candidate rule, timed by the `register_partitions`
     run; the launcher does not use it."""
-    from nvfp4_gemv.dispatch import ctas_per_sm
+    from nvfp4_gemv.dispatch import REGISTER_FILE, ctas_per_sm
 
     ctas = ctas_per_sm(registers, warps)
-    while ctas > 0 and 16384 // (32 * -(-ctas * warps // 4)) // 8 * 8 < registers:
+    while ctas > 0 and REGISTER_FILE // 4 // (32 * -(-ctas * warps // 4)) // 8 * 8 < registers:
         ctas -= 1
     return ctas
 
@@ -568,13 +570,13 @@ def partitioned_ctas_per_sm(registers: int, warps: int) -> int:
 # The A/B runs `nvfp4-gemv ab` offers: name -> (what it times, the call). Each writes linear_ab_<name>.csv; the ones
 # that check a rule the launcher took name the BENCHMARKS.md section that records them.
 AB_RUNS = {
-    "k_warps": ("any number of k-warps (widen_k_warps) against powers of two", lambda **kw: k_warps_ab(**kw)),
-    "x_fragments": ("x in fragment order forced on and off at the launcher's split", lambda **kw: x_fragments_ab(**kw)),
+    "k_warps": ("any number of k-warps (widen_k_warps) against powers of two", k_warps_ab),
+    "x_fragments": ("x in fragment order forced on and off at the launcher's split", x_fragments_ab),
     "x_fragments_few": ("at 1-2 tokens, x in fragment order with one and with two K parts a row",
                         lambda **kw: x_fragments_ab(tokens=(1, 2), more={"parts2": dict(k_parts=2, x_fragments=True)},
                                                     **kw)),
-    "fragments_fp16": ("fp16 x's fragment register entry and cap against none", lambda **kw: fragments_fp16_ab(**kw)),
-    "mx_fold": ("MXFP4's scale fold with fp16 x against the general path", lambda **kw: mx_fold_ab(**kw)),
+    "fragments_fp16": ("fp16 x's fragment register entry and cap against none", fragments_fp16_ab),
+    "mx_fold": ("MXFP4's scale fold with fp16 x against the general path", mx_fold_ab),
     "one_group": ("16-token CTAs of one group and more warps against two groups under 18 warps an SM (the bench "
                   "shapes and 40 drawn ones)",
                   lambda **kw: one_group_ab(shapes=SHAPES + tuple(drawn_shapes(40, 1205)), **kw)),
@@ -583,9 +585,9 @@ AB_RUNS = {
     "fragments_capped_96": ("16-token two-group CTAs with x in fragment order capped at 96 registers",
                             lambda **kw: rules_ab(fragments_capped(2, 96), **kw)),
     "token_tiles": ("32-token CTAs (W decoded once per 32 tokens) against 16-token ones, 17-127 tokens",
-                    lambda **kw: token_tiles_ab(**kw)),
+                    token_tiles_ab),
     "chunk_bytes": ("the many-token path's chunk size: 8-64 MB at 128-512 tokens",
-                    lambda **kw: chunk_bytes_sweep(**kw)),
+                    chunk_bytes_sweep),
     "register_partitions": ("splits chosen with the register file's sub-partitions counted (partitioned_ctas_per_sm), "
                             "1-16 tokens, bf16 and fp16 x, the bench shapes and 40 drawn ones",
                             lambda **kw: rules_ab(dict(ctas_per_sm=partitioned_ctas_per_sm),
