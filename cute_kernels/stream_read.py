@@ -5,6 +5,10 @@ buffer of exactly `shapes.bytes_moved(M, K, L)` bytes for each benchmark shape, 
 timing as the GEMV. It is the ideal access pattern for DRAM: a grid-stride loop in which all threads of the grid
 together read one contiguous window with 128-bit loads, unrolled so that each thread has several loads in flight.
 
+`StreamReadConfig(row_chunks=...)` reads the same bytes in the order a GEMV reads its matrix instead: one warp a row
+of `row_chunks` 16-byte chunks, every row at once (one CTA of `threads // 32` rows each), each warp walking its row
+in 512-byte pieces. It is a diagnostic, not a roofline: it tells how much the row-parallel order itself costs DRAM.
+
 The loaded words are XOR-folded, and a thread stores its fold only if it equals a value no test buffer produces, so
 the loads cannot be elided and nothing is written in practice.
 """
@@ -38,6 +42,7 @@ class StreamReadConfig:
     ctas_per_sm: int = 4  # grid = ctas_per_sm × SMs (the launch takes the SM count)
     unroll: int = 8  # 16-byte loads in flight per thread
     load: str = "no_allocate"  # the load's cache qualifiers: a key of LOAD_QUALIFIERS
+    row_chunks: int = 0  # 0: the grid-stride read; else a warp a row of this many 16-byte chunks (a multiple of 32)
 
     def __post_init__(self):
         if self.threads % 32 or not 32 <= self.threads <= 1024:
@@ -46,6 +51,8 @@ class StreamReadConfig:
             raise ValueError(f"load must be one of {tuple(LOAD_QUALIFIERS)}, got {self.load!r}")
         if self.ctas_per_sm < 1 or self.unroll < 1:
             raise ValueError(f"ctas_per_sm and unroll must be >= 1, got {self}")
+        if self.row_chunks < 0 or self.row_chunks % 32:
+            raise ValueError(f"row_chunks must be 0 or a positive multiple of 32, got {self.row_chunks}")
 
 
 class StreamRead:
@@ -53,9 +60,10 @@ class StreamRead:
         self.cfg = config
 
     @staticmethod
-    def can_implement(nbytes: int) -> bool:
-        """A positive multiple of 16 bytes whose 16-byte chunk count fits in an int32."""
-        return nbytes >= 16 and nbytes % 16 == 0 and nbytes // 16 < 2**31
+    def can_implement(nbytes: int, row_chunks: int = 0) -> bool:
+        """A positive multiple of 16 bytes whose 16-byte chunk count fits in an int32 (and, read in rows, a whole
+        number of rows)."""
+        return nbytes >= 16 and nbytes % 16 == 0 and nbytes // 16 < 2**31 and nbytes % (16 * max(row_chunks, 1)) == 0
 
     @staticmethod
     def fake_operands(config: StreamReadConfig):
@@ -71,8 +79,14 @@ class StreamRead:
     def __call__(self, mSrc: cute.Tensor, mOut: cute.Tensor, sms: Int32, stream=None):
         n16 = mSrc.shape[0] // 4
         chunks = cute.make_tensor(mSrc.iterator, cute.make_layout((4, n16), stride=(1, 4)))
-        shape = dict(grid=[sms * self.cfg.ctas_per_sm, 1, 1], block=[self.cfg.threads, 1, 1])
-        launch(self.kernel(chunks, mOut, n16), shape, stream=stream)
+        if cutlass.const_expr(self.cfg.row_chunks):
+            rows_a_cta = self.cfg.threads // 32
+            rows = n16 // self.cfg.row_chunks
+            shape = dict(grid=[(rows + rows_a_cta - 1) // rows_a_cta, 1, 1], block=[self.cfg.threads, 1, 1])
+            launch(self.kernel_rows(chunks, mOut, rows), shape, stream=stream)
+        else:
+            shape = dict(grid=[sms * self.cfg.ctas_per_sm, 1, 1], block=[self.cfg.threads, 1, 1])
+            launch(self.kernel(chunks, mOut, n16), shape, stream=stream)
 
     @cute.kernel
     def kernel(self, chunks: cute.Tensor, out: cute.Tensor, n16: Int32):
@@ -92,6 +106,19 @@ class StreamRead:
         if fold == Uint32(SENTINEL):
             out[0] = fold
 
+    @cute.kernel
+    def kernel_rows(self, chunks: cute.Tensor, out: cute.Tensor, rows: Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        row = bidx * (self.cfg.threads // 32) + tidx // 32
+        atom = load_atom(Uint32, 128, **LOAD_QUALIFIERS[self.cfg.load])
+        fold = Uint32(0)
+        if row < rows:
+            first = row * self.cfg.row_chunks + tidx % 32
+            for i in cutlass.range(self.cfg.row_chunks // 32, unroll=self.cfg.unroll):
+                fold = self.fold_in(atom, chunks[None, first + i * 32], fold)
+        if fold == Uint32(SENTINEL):
+            out[0] = fold
 
     @staticmethod
     def fold_in(atom, chunk, fold):

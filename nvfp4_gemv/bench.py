@@ -192,14 +192,16 @@ def quack_baseline(data):
 STREAM_READ = "stream read of the same bytes"
 
 
-def stream_read_variant(nbytes: int, pool_bytes: int = POOL_BYTES):
+def stream_read_variant(nbytes: int, pool_bytes: int = POOL_BYTES, config=None):
     """The practical roofline of a shape: `cute_kernels.stream_read` reading a flat buffer of `nbytes` (rounded down
-    to 16), rotated over a pool of more than `pool_bytes`. Returns (fn(buffer), pool)."""
+    to 16), rotated over a pool of more than `pool_bytes`. Returns (fn(buffer), pool). config: a `StreamReadConfig`
+    other than the default (the roofline's)."""
     from cute_kernels import stream_read
 
-    if not stream_read.StreamRead.can_implement(nbytes // 16 * 16):
+    config = config or stream_read.StreamReadConfig()
+    if not stream_read.StreamRead.can_implement(nbytes // 16 * 16, config.row_chunks):
         raise ValueError(f"stream read of {nbytes} bytes: {stream_read.StreamRead.can_implement.__doc__}")
-    fn = on_torch_stream(stream_read.StreamRead, stream_read.StreamReadConfig())
+    fn = on_torch_stream(stream_read.StreamRead, config)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = torch.zeros(1, dtype=torch.uint32, device="cuda")
     words = nbytes // 16 * 4
@@ -291,6 +293,36 @@ def cold_start_table(shapes, iters: int = 40, rounds: int = 2, log=print):
             rows.append(row)
             log(f"{m:>6} {k:>6} {l:>2}  {name:<30} " + "  ".join(f"{c_[:-3]} {row[c_]:7.2f}" for c_ in timings))
         del pool, read_pool
+        torch.cuda.empty_cache()
+    return rows
+
+
+def read_order_table(shapes, iters: int = 40, rounds: int = 2, unrolls=(8, 2), log=print):
+    """What the GEMV's read order costs DRAM by itself: the bytes of each shape's A (M·L rows of K/2 bytes) read by
+    the grid-stride roofline kernel, and read a warp a row, every row at once, each row in 512-byte pieces with
+    `unrolls` pieces in flight (`StreamReadConfig(row_chunks=K/32)`); custom_kernel on the whole problem and the read of
+    its bytes beside them. Contest- and graph-timed, the best of `rounds`. Returns rows of µs."""
+    from cute_kernels.stream_read import StreamReadConfig
+    from nvfp4_gemv.kernel import custom_kernel
+    from submission.reference import generate_input
+
+    rows = []
+    for m, k, l in shapes:  # noqa: E741
+        a_bytes = m * l * k // 2
+        variants = {"A, grid-stride": stream_read_variant(a_bytes)}
+        for u in unrolls:
+            variants[f"A, a warp a row, unroll {u}"] = stream_read_variant(
+                a_bytes, config=StreamReadConfig(row_chunks=k // 32, unroll=u))
+        variants[STREAM_READ] = stream_read_variant(bytes_moved(m, k, l))
+        variants["nvfp4-gemv"] = (custom_kernel, input_pool(
+            lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l))
+        for name, (fn, pool) in variants.items():
+            row = {"m": m, "k": k, "l": l, "variant": name,
+                   "contest_us": min(contest_time_us(fn, pool, iters) for _ in range(rounds)),
+                   "graph_us": min(graph_time_us(fn, pool) for _ in range(rounds))}
+            rows.append(row)
+            log(f"{m:>6} {k:>6} {l:>2}  {name:<34} contest {row['contest_us']:7.2f}  graph {row['graph_us']:7.2f}")
+        del variants
         torch.cuda.empty_cache()
     return rows
 

@@ -180,14 +180,19 @@ def test_tma_kernel_sm90a_ptx(ptx_of, kw):
     assert _count(ptx, r"\b(atom|red)\.") == 0
 
 
-@pytest.mark.parametrize("kw", [{}, {"unroll": 4, "load": "cs"}], ids=str)
+@pytest.mark.parametrize("kw", [{}, {"unroll": 4, "load": "cs"}, {"row_chunks": 512}, {"row_chunks": 224, "unroll": 2}],
+                         ids=str)
 def test_stream_read_sm90a_ptx(ptx_of, kw):
     """The roofline kernel: unrolled 128-bit loads with the chosen qualifiers, nothing else touching memory but
-    one guarded store."""
+    one guarded store. Read a warp a row, the row's trip count is known, so exactly `unroll` loads and no tail."""
     ptx = ptx_of("sm_90a", kernel="stream_read", **kw)
     unroll = kw.get("unroll", 8)
     qualifier = {"cs": r"\.cs", "no_allocate": r"\.L1::no_allocate"}[kw.get("load", "no_allocate")]
-    assert _count(ptx, rf"ld\.global{qualifier}\.v4\.b32") >= unroll + 1  # the unrolled body and the tail
+    loads = _count(ptx, rf"ld\.global{qualifier}\.v4\.b32")
+    if kw.get("row_chunks"):
+        assert loads == unroll
+    else:
+        assert loads >= unroll + 1  # the unrolled body and the tail
     assert _count(ptx, r"ld\.global") == _count(ptx, r"ld\.global\S*\.v4\.b32")
     assert _count(ptx, r"st\.global") == 1
     assert _count(ptx, r"ld\.local|st\.local|ld\.shared|st\.shared") == 0
@@ -282,3 +287,15 @@ def test_balanced_register_caps_hold(tmp_path):
         args = f"sf_kind='permuted', warps={w}, r_lanes=2, unroll={u}, max_registers={cap}"
         regs = compiled_registers("gemv_simt", "GemvSimtBalanced", args, tmp_path / f"{w}-{u}-{cap}", "GemvSimtConfig")
         assert regs <= cap, (w, u, cap, regs)
+
+
+def test_stream_read_row_order_checks():
+    """The warp-a-row read takes whole rows of whole 512-byte pieces, and says so."""
+    from cute_kernels.stream_read import StreamRead, StreamReadConfig
+
+    for bad in (-32, 16, 48):
+        with pytest.raises(ValueError, match="row_chunks"):
+            StreamReadConfig(row_chunks=bad)
+    assert StreamRead.can_implement(7 * 224 * 16, 224)
+    assert not StreamRead.can_implement(7 * 224 * 16 + 16 * 32, 224)
+    assert StreamRead.can_implement(16) and not StreamRead.can_implement(16, 32)
