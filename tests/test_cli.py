@@ -333,8 +333,8 @@ def test_ab_runs_name_their_points(monkeypatch, tmp_path):
         rows = run(rounds=1, csv_path=tmp_path / f"{name}.csv", log=lambda *a: None)
         assert (tmp_path / f"{name}.csv").exists()
         counts[name] = len(rows)
-    assert counts == dict(k_warps=14, x_fragments=168, x_fragments_few=48, fragments_fp16=24, mx_fold=104, one_group=20,
-                          fragments_capped_64=54, fragments_capped_96=6, token_tiles=98, chunk_bytes=210,
+    assert counts == dict(k_warps=18, x_fragments=168, x_fragments_few=48, fragments_fp16=24, mx_fold=104, one_group=20,
+                          fragments_capped_64=54, fragments_capped_96=6, token_tiles=60, chunk_bytes=210,
                           register_partitions=6)
 
 

@@ -155,7 +155,8 @@ def test_split_rules_measured_on_shapes_no_file_named(monkeypatch):
     # With x in fragment order (the rule takes it on these weights), the most warps of one wave, no two-group test:
     # 28672 x 4096 at 16 tokens 1.57 x the read with one group of 2 k-warps against 1.87 with two
     # (docs/linear_sweep_h200_m16_x_fragments.csv); 10240 x 8192 1.74 against 2.19; a tie in warps still goes to two
-    # groups (8192 x 28672: 1.78 against 1.98 for one group of 4 k-warps).
+    # groups (8192 x 28672: 1.78 against 1.98 for one group of 4 k-warps; with k-warps widened, as dispatched, one
+    # group holds more warps and takes it: test_one_group_rule).
     for m in (9, 12, 16):
         assert kernels.x_fragments_for(m, 28672, 4096, "nvfp4") and kernels.x_fragments_for(m, 10240, 8192, "mxfp4")
         assert split(m, 28672, 4096)[:2] == (1, 2) and split(m, 10240, 8192, "mxfp4")[:2] == (1, 4)
@@ -209,68 +210,86 @@ def test_widen_k_warps(monkeypatch):
             now.groups, now.k_warps, now.token_tiles, now.max_registers, "", frag)
 
 
-def test_one_group_ab_points():
-    """The points `bench.one_group_ab` times: 16-token two-group splits whose grid holds under WIDEN_BELOW_WARPS warps
-    an SM, against the rules' one-group split, which holds more warps in one wave; other points are skipped. And the
-    shapes `bench.drawn_shapes` draws for such checks: reproducible, aligned, in range."""
+def test_one_group_rule():
+    """Where 16-token CTAs with bf16 x in fragment order would be two groups (a tie in warps) on a grid of fewer than
+    WIDEN_BELOW_WARPS warps an SM, the launcher takes the one-group split (ONE_GROUP_FRAGMENTS), which holds one wave
+    of more warps; fp16 x and other points are as before. And the shapes `bench.drawn_shapes` draws for such checks:
+    reproducible, aligned, in range."""
     from nvfp4_gemv.linear import bench
 
-    def pair(m, n, k, fmt="nvfp4"):
-        cfg = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4", 132)
-        return cfg, bench.one_group(m, n, k, fmt, "bf16", cfg)
+    def pair(m, n, k, fmt="nvfp4", xd="bf16"):
+        now = kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4", 132)
+        with bench._kernels_patched(ONE_GROUP_FRAGMENTS=()):
+            before = kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4", 132)
+        return before, now
 
-    cfg, other = pair(16, 8192, 28672)
-    assert (cfg.groups, cfg.k_warps, cfg.max_registers) == (2, 8, 0)
-    assert (other.groups, other.k_warps, other.max_registers, other.token_tiles) == (1, 7, 72, 2)
-    assert pair(16, 4096, 14336)[1] is None  # one group already
-    assert pair(4, 8192, 28672)[1] is None  # one token tile
+    before, now = pair(16, 8192, 28672)
+    assert (before.groups, before.k_warps, before.max_registers) == (2, 8, 0)
+    assert (now.groups, now.k_warps, now.max_registers, now.token_tiles) == (1, 7, 72, 2)
+    assert pair(16, 8192, 28672, xd="fp16")[0] == pair(16, 8192, 28672, xd="fp16")[1]
     shapes = bench.drawn_shapes(60, 1205)
     assert shapes == bench.drawn_shapes(60, 1205) and len(set(shapes)) == 60
     assert all(n % 8 == 0 and k % 64 == 0 and 1024 <= n <= 32768 and 1024 <= k <= 28672 for n, k in shapes)
     found = 0
     for (n, k), m, fmt in itertools.product(list(bench.SHAPES) + shapes, (9, 12, 16), ("nvfp4", "mxfp4")):
-        cfg, other = pair(m, n, k, fmt)
-        if other is None:
+        before, now = pair(m, n, k, fmt)
+        assert pair(m, n, k, fmt, "fp16")[0] == pair(m, n, k, fmt, "fp16")[1]
+        if before == now:
             continue
         found += 1
-        assert (cfg.groups, cfg.token_tiles, other.groups, other.token_tiles) == (2, 2, 1, 2)
-        frag = kernels.fragments_key("bf16", other.mx_fold) if other.x_fragments else ""
-        warps, wave = kernels.grid_warps(n, 1, other.k_warps), 132 * kernels.resident_warps(
-            1, other.k_warps, 2, other.max_registers, "", frag)
-        assert kernels.grid_warps(n, 2, cfg.k_warps) < kernels.WIDEN_BELOW_WARPS * 132 and warps <= wave
+        assert (before.groups, before.token_tiles, now.groups, now.token_tiles) == (2, 2, 1, 2)
+        assert now.x_fragments and now.k_parts == 1
+        frag = kernels.fragments_key("bf16", now.mx_fold)
+        warps, wave = kernels.grid_warps(n, 1, now.k_warps), 132 * kernels.resident_warps(
+            1, now.k_warps, 2, now.max_registers, "", frag)
+        assert kernels.grid_warps(n, 2, before.k_warps) < kernels.WIDEN_BELOW_WARPS * 132 and warps <= wave
     assert found >= 10
 
 
-def test_thirty_two_tokens_ab_points():
-    """The points `bench.token_tiles_ab` times: past 16 tokens, the dispatched 16-token CTAs against 32-token ones
-    (x in fragment order as dispatched), whose split fits one resident wave at the t4 registers the model counts;
-    16 tokens or fewer, and two K parts, are skipped. 32 tokens a CTA is never dispatched."""
-    from nvfp4_gemv.linear import bench
-
-    def pair(m, n, k, fmt="nvfp4"):
-        cfg = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4", 132)
-        return cfg, bench.thirty_two_tokens(m, n, k, fmt, "bf16", cfg)
-
-    assert pair(16, 8192, 28672)[1] is None
-    cfg = pair(33, 256, 4096)[0]
-    assert bench.thirty_two_tokens(33, 256, 4096, "nvfp4", "bf16", dataclasses.replace(cfg, k_parts=2)) is None
-    found = 0
-    for (n, k), m, fmt in itertools.product(bench.MANY_TOKENS_SHAPES, (17, 32, 33, 64, 127), ("nvfp4", "mxfp4")):
-        cfg, other = pair(m, n, k, fmt)
-        assert cfg.token_tiles == 2 and other is not None and other.token_tiles == 4
-        assert other.x_fragments == cfg.x_fragments and other.k_parts == 1
-        warps = kernels.grid_warps(n, other.groups, other.k_warps)
-        frag = kernels.fragments_key("bf16", other.mx_fold) if other.x_fragments else ""
-        assert warps <= 132 * kernels.resident_warps(other.groups, other.k_warps, 4, other.max_registers, "", frag)
-        found += 1
-    assert found == 70
+def test_thirty_two_tokens_rule():
+    """Past 16 tokens with bf16 x in fragment order, CTAs of 32 tokens where they take no more token tiles than
+    16-token ones (ceil(M / 16) even); 16 tokens or fewer, odd counts, fp16 x and x as it is keep what they had."""
+    for m in (17, 24, 32, 49, 64, 96, 113, 127, 128, 1024):
+        assert kernels.token_tiles_for(m, 8192, 28672, "bf16", True) == 4, m
+        assert kernels.token_tiles_for(m, 8192, 28672, "fp16", True) == 2, m
+        assert kernels.token_tiles_for(m, 8192, 28672, "bf16", False) == 2, m
+    for m in (33, 48, 65, 80, 97, 112, 999):
+        assert kernels.token_tiles_for(m, 8192, 28672, "bf16", True) == 2, m
+    for m in range(1, 17):
+        assert kernels.token_tiles_for(m, 8192, 28672, "bf16", True) == kernels.token_tiles_for(m, 8192, 28672)
+    for (n, k), fmt in itertools.product(((8192, 28672), (28672, 4096), (4096, 4096), (5760, 2880)), ("nvfp4", "mxfp4")):
+        for m in (17, 32, 64, 96, 127):
+            cfg = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4", 132)
+            assert cfg.token_tiles == 4 and cfg.x_fragments and cfg.k_parts == 1, (n, k, m, fmt)
+            assert kernels.config_for(m, n, k, fmt, "plain", "fp16", False, False, 132).token_tiles == 2
+        assert kernels.config_for(48, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4", 132).token_tiles == 2
+    for n, k in ((2880, 2880), (2048, 768)):  # x as it is
+        assert kernels.config_for(32, n, k, "nvfp4", "plain", "bf16", False, True, 132).token_tiles == 2
 
 
-def test_partitioned_ctas_per_sm():
-    """The sub-partition count of `bench.partitioned_ctas_per_sm` against the sm_90a compiles it was read from: a
-    cap tells ptxas the CTAs, and it allows 16384 / (32 x the warps one partition holds), rounded down to 8."""
+def test_bind_keeps_a_plan_per_token_tile_count(monkeypatch):
+    """Past 32 tokens the token tiles depend on ceil(M / 16)'s parity: bind keeps a plan for each."""
+    made = []
+
+    def plan_for(m, n, k, *args, **override):
+        made.append(kernels.config_for(m, n, k, "nvfp4", "plain", "bf16", False, False).token_tiles)
+        return (lambda *a: None), None, None, None
+
+    monkeypatch.setattr(kernels, "plan_for", plan_for)
+    launch = kernels.bind(8192, 28672, torch.device("cpu"), torch.bfloat16, torch.uint8, "nvfp4", "plain", False,
+                          False)
+    x = torch.empty(0, 28672)
+    for m in (64, 48, 96, 80, 33, 127):
+        launch(torch.empty(m, 8192), x.new_empty(m, 28672), None, None, None, None)
+    assert made == [4, 2]
+
+
+def test_resident_ctas_count_the_register_files_partitions():
+    """The sub-partition count of `kernels.resident_ctas` against the sm_90a compiles it was read from: a cap tells
+    ptxas the CTAs, and it allows 16384 / (32 x the warps one partition holds), rounded down to 8."""
     from nvfp4_gemv.dispatch import ctas_per_sm
-    from nvfp4_gemv.linear.bench import partitioned_ctas_per_sm as part
+
+    part = kernels.resident_ctas
 
     differ = {r: [w for w in range(1, 17) if part(r, w) != ctas_per_sm(r, w)] for r in (48, 56, 64, 72, 80, 96, 128)}
     assert differ == {48: [2, 3, 6, 7, 14], 56: [], 64: [], 72: [], 80: [1, 5], 96: [1, 3, 7], 128: []}
@@ -325,8 +344,8 @@ def test_two_k_parts_at_3_4_tokens_and_on_thin_or_uneven_grids():
 
 
 def test_one_config_per_token_class():
-    """bind keeps one plan per token class (M <= 2, 3-4, 5-8, 9-12, 13-16, 17-32): config_for gives every M of a
-    class the same config, over N, K and both formats."""
+    """bind keeps one plan per token class (M <= 2, 3-4, 5-8, 9-12, 13-16, 17-32, and past 32 by ceil(M / 16)'s
+    parity): config_for gives every M of a class the same config, over N, K and both formats."""
     for n in (1, 128, 200, 512, 896, 2048, 2880, 4096, 8192, 28672):
         for k in (64, 768, 2880, 4096, 14336):
             for fmt in ("nvfp4", "mxfp4"):
@@ -502,14 +521,16 @@ def test_two_accumulator_sets_only_where_registers_are_already_counted_at_128():
     MXFP4 with fp16 x; one set at every other (groups, token tiles), and an override of either wins."""
     from cute_kernels.linear_w4a16 import LinearW4A16Config
 
-    big = kernels.config_for(16, 8192, 28672, "nvfp4", "plain", "bf16", False, True)
+    big = kernels.config_for(16, 8192, 28672, "nvfp4", "plain", "fp16", False, True)
     assert (big.groups, big.token_tiles, big.acc_sets, big.x_fragments) == (2, 2, 2, True)
-    assert "acc_sets=2" in kernels.describe(16, 8192, 28672, "nvfp4", "bf16")
+    assert "acc_sets=2" in kernels.describe(16, 8192, 28672, "nvfp4", "fp16")
+    one = kernels.config_for(16, 8192, 28672, "nvfp4", "plain", "bf16", False, True)  # ONE_GROUP_FRAGMENTS
+    assert (one.groups, one.token_tiles, one.acc_sets, one.x_fragments) == (1, 2, 1, True)
     own = kernels.config_for(16, 28672, 4096, "nvfp4", "plain", "bf16", False, True, x_fragments=False)
     assert (own.groups, own.token_tiles, own.acc_sets) == (2, 2, 2)
     mx = kernels.config_for(16, 28672, 4096, "mxfp4", "plain", "fp16", False, False)
     assert (mx.groups, mx.token_tiles, mx.acc_sets) == (2, 2, 1)
-    assert kernels.config_for(16, 8192, 28672, "mxfp4", "plain", "bf16", False, False).acc_sets == 2
+    assert kernels.config_for(16, 28672, 4096, "mxfp4", "plain", "bf16", False, False, x_fragments=False).acc_sets == 2
     for m in (1, 2, 4, 8):
         assert kernels.config_for(m, 28672, 4096, "nvfp4", "plain", "bf16", False, True).acc_sets == 1, m
     assert kernels.config_for(16, 6144, 4096, "nvfp4", "plain", "bf16", False, True).acc_sets == 1  # one group

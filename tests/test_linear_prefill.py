@@ -57,9 +57,10 @@ def test_bind_routes_by_token_count(monkeypatch):
         for m in ms:
             go(None, torch.empty(m, 1024), None, None, None, None)
 
-    launch("nvfp4", torch.bfloat16, [1, m0, m0 - 1, 5000, 33, 40])
+    launch("nvfp4", torch.bfloat16, [1, m0, m0 - 1, 5000, 33, 40, 49])
     assert calls == [("plan", 1), ("kernel", 1), ("bind prefill", "nvfp4"), ("prefill", m0), ("plan", m0 - 1),
-                     ("kernel", m0 - 1), ("prefill", 5000), ("kernel", 33), ("kernel", 40)]
+                     ("kernel", m0 - 1), ("prefill", 5000), ("plan", 33), ("kernel", 33), ("kernel", 40),
+                     ("kernel", 49)]  # 127 and 49 tokens: four 16-token tiles; 33 and 40: three
     calls.clear()
     launch("mxfp4", torch.float16, [m0, 4000])
     assert calls == [("plan", m0), ("kernel", m0), ("kernel", 4000)]

@@ -16,6 +16,7 @@ import math
 import torch
 
 from nvfp4_gemv import bench as B
+from nvfp4_gemv.dispatch import ctas_per_sm
 
 # N x K of decode-time projections: the six the issue measured, then dense and MoE-expert projections of public
 # models (Llama-3 8B/70B, Mixtral, gpt-oss, Qwen3-30B-A3B), K from 768 to 28672.
@@ -314,17 +315,6 @@ def _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log, rules
     return rows
 
 
-def _against(other):
-    """A `_rule_ab` pair: the dispatched config (before) against `other(m, n, k, fmt, x_dtype, dispatched)` (now),
-    or no point where that gives None."""
-
-    def pair(m, n, k, fmt, xd, dispatched):
-        config = other(m, n, k, fmt, xd, dispatched)
-        return None if config is None else (dispatched, config)
-
-    return pair
-
-
 def rules_ab(patch: dict, proposed: bool = True, shapes=SHAPES, tokens=(9, 12, 16), formats=FORMATS,
              dtypes=(torch.bfloat16,), rounds=2, csv_path=None, log=print):
     """µs per call at every (shape, M, format, x dtype) where the launcher's rules with `patch` (names in
@@ -375,51 +365,22 @@ def fragments_capped(groups: int, registers: int, x_dtypes=("bf16",)) -> dict:
                 FRAGMENT_CAPS=tuple(dict.fromkeys(kernels.FRAGMENT_CAPS + tuple(keys))))
 
 
-def one_group(m, n, k, fmt, x_dtype, dispatched):
-    """Where the launcher's split is 16-token CTAs of two row groups whose grid holds fewer than
-    `kernels.WIDEN_BELOW_WARPS` warps an SM (widen_k_warps leaves such splits as they are when no k-warp count
-    shortens their chain within one wave), the config its rules give among one-group splits (then widened as any
-    split is); else None. 8192 x 28672 at 12-16 tokens: two groups of 8 k-warps, 15.5 warps an SM, against one group
-    of 7 capped at 72 registers, 27."""
-    from nvfp4_gemv.linear import kernels
-
-    if dispatched.groups != 2 or dispatched.token_tiles != 2 or dispatched.k_parts != 1:
-        return None
-    if kernels.grid_warps(n, 2, dispatched.k_warps) >= kernels.WIDEN_BELOW_WARPS * kernels.H200_SMS:
-        return None
-    with _kernels_patched(SPLITS=tuple(s for s in kernels.SPLITS if s[0] == 1)):
-        return kernels.config_for(m, n, k, fmt, "plain", x_dtype, False, fmt == "nvfp4")
-
-
 def one_group_ab(shapes=SHAPES, tokens=(12, 16), formats=FORMATS, dtypes=(torch.bfloat16,), rounds=2, csv_path=None,
                  log=print):
-    """µs per call at every (shape, M, format, x dtype) where `one_group` gives a config: the dispatched two-group
-    split (before) against the one-group one (now), alternately `rounds` times, the best of each; with the read of
-    the same bytes."""
-
-    return _rule_ab(shapes, tokens, formats, dtypes, rounds, _against(one_group), csv_path, log)
-
-
-def thirty_two_tokens(m, n, k, fmt, x_dtype, dispatched):
-    """Past 16 tokens, where the launcher runs 16-token CTAs of one K part, the config its rules give for CTAs of 32
-    tokens (token_tiles = 4: W decoded once per 32 tokens, at 128 registers a thread with one row group, 168 with
-    two), x in fragment order as dispatched; else None."""
-    from nvfp4_gemv.linear import kernels
-
-    if m <= 16 or dispatched.token_tiles != 2 or dispatched.k_parts != 1 or dispatched.block_columns:
-        return None
-    return kernels.config_for(m, n, k, fmt, "plain", x_dtype, False, fmt == "nvfp4", token_tiles=4,
-                              x_fragments=dispatched.x_fragments)
+    """µs per call at every (shape, M, format, x dtype) where `kernels.ONE_GROUP_FRAGMENTS` changes the launcher's
+    split: the two-group split of 16-token CTAs the rules gave before it (before) against the dispatched one-group
+    split (now), alternately `rounds` times, the best of each; with the read of the same bytes."""
+    return rules_ab(dict(ONE_GROUP_FRAGMENTS=()), False, shapes, tokens, formats, dtypes, rounds, csv_path, log)
 
 
 def token_tiles_ab(shapes=None, tokens=(17, 24, 32, 48, 64, 96, 127), formats=FORMATS, dtypes=(torch.bfloat16,),
                    rounds=2, csv_path=None, log=print):
-    """µs per call at every (shape, M, format, x dtype) where `thirty_two_tokens` gives a config: the dispatched
-    16-token CTAs (before) against 32-token CTAs (now), alternately `rounds` times, the best of each; with the read
-    of the same bytes (shapes: MANY_TOKENS_SHAPES by default). The question: whether decoding W once per 32 tokens
-    instead of 16 pays for the registers (one SM holds 16 warps of 128 registers, against 24-28 of 72-80)."""
+    """µs per call at every (shape, M, format, x dtype) where `kernels.TOKEN_TILES_4_X_DTYPES` changes the launcher's
+    config: the 16-token CTAs the rules gave before it (before) against the dispatched 32-token ones (now),
+    alternately `rounds` times, the best of each; with the read of the same bytes (shapes: MANY_TOKENS_SHAPES by
+    default)."""
     shapes = MANY_TOKENS_SHAPES if shapes is None else shapes
-    return _rule_ab(shapes, tokens, formats, dtypes, rounds, _against(thirty_two_tokens), csv_path, log)
+    return rules_ab(dict(TOKEN_TILES_4_X_DTYPES=()), False, shapes, tokens, formats, dtypes, rounds, csv_path, log)
 
 
 # (M, N, K, format, global scale) whose dispatched config with fp16 x is one the register caps of 2026-12-04 touch:
@@ -552,21 +513,6 @@ def chunk_bytes_sweep(shapes=MANY_TOKENS_SHAPES, tokens=(128, 256, 512), chunk_m
     return rows
 
 
-def partitioned_ctas_per_sm(registers: int, warps: int) -> int:
-    """CTAs of `warps` warps an SM holds as ptxas counts registers when a cap tells it the CTAs: each of the SM's four
-    sub-partitions holds ceil(warps on the SM / 4) warps in its 16384 registers, rounded down to 8 a thread
-    (BENCHMARKS.md, "Fewer registers at 16 tokens a CTA": every sm_90a compile of that survey fits it). The resident-
-    warp model (`dispatch.ctas_per_sm`) divides the whole file and counts one CTA more at 80 registers with 1 or 5
-    warps a CTA, 96 with 1, 3 or 7, 48 with 2, 3, 6, 7 or 14. A candidate rule, timed by the `register_partitions`
-    run; the launcher does not use it."""
-    from nvfp4_gemv.dispatch import REGISTER_FILE, ctas_per_sm
-
-    ctas = ctas_per_sm(registers, warps)
-    while ctas > 0 and REGISTER_FILE // 4 // (32 * -(-ctas * warps // 4)) // 8 * 8 < registers:
-        ctas -= 1
-    return ctas
-
-
 # The A/B runs `nvfp4-gemv ab` offers: name -> (what it times, the call). Each writes linear_ab_<name>.csv; the ones
 # that check a rule the launcher took name the BENCHMARKS.md section that records them.
 AB_RUNS = {
@@ -588,9 +534,10 @@ AB_RUNS = {
                     token_tiles_ab),
     "chunk_bytes": ("the many-token path's chunk size: 8-64 MB at 128-512 tokens",
                     chunk_bytes_sweep),
-    "register_partitions": ("splits chosen with the register file's sub-partitions counted (partitioned_ctas_per_sm), "
-                            "1-16 tokens, bf16 and fp16 x, the bench shapes and 40 drawn ones",
-                            lambda **kw: rules_ab(dict(ctas_per_sm=partitioned_ctas_per_sm),
+    "register_partitions": ("splits chosen with the register file's sub-partitions counted (kernels.resident_ctas) "
+                            "against the whole file (dispatch.ctas_per_sm), 1-16 tokens, bf16 and fp16 x, the bench "
+                            "shapes and 40 drawn ones",
+                            lambda **kw: rules_ab(dict(resident_ctas=ctas_per_sm), False,
                                                   shapes=SHAPES + tuple(drawn_shapes(40, 1205)),
                                                   tokens=(1, 2, 3, 4, 6, 8, 9, 12, 16),
                                                   dtypes=(torch.bfloat16, torch.float16), **kw)),

@@ -80,12 +80,28 @@ def model_registers(groups: int, token_tiles: int, columns: str = "", fragments:
     return regs
 
 
+def resident_ctas(registers: int, warps: int) -> int:
+    """CTAs of `warps` warps at `registers` a thread one SM holds, with the register file counted as ptxas counts it
+    when a cap tells it the CTAs: each of the SM's four sub-partitions holds ceil(warps on the SM / 4) warps in its
+    quarter of the file, rounded down to 8 registers a thread (BENCHMARKS.md, "Fewer registers at 16 tokens a CTA":
+    every sm_90a compile of that survey fits it). The GEMV's model (`dispatch.ctas_per_sm`) divides the whole file
+    and counts one CTA more at 80 registers with 1 or 5 warps a CTA, 96 with 1, 3 or 7, 48 with 2, 3, 6, 7 or 14.
+    Graph-timed on the H200 against that model at every point of the bench shapes and 40 drawn ones (1-16 tokens,
+    both formats, bf16 and fp16 x) where the two give different splits (docs/linear_h200_ab_register_partitions.csv;
+    BENCHMARKS.md, "The A/B runs of 2026-12-05"): 6 points, 16-token CTAs of 5 k-warps at 80 registers becoming 4
+    k-warps, 0.945-0.970 of the time."""
+    ctas = ctas_per_sm(registers, warps)
+    while ctas > 0 and REGISTER_FILE // 4 // (32 * -(-ctas * warps // 4)) // 8 * 8 < registers:
+        ctas -= 1
+    return ctas
+
+
 def resident_warps(groups: int, k_warps: int, token_tiles: int, cap: int = 0, columns: str = "",
                    fragments: str = "") -> int:
-    """Warps of this config one SM holds at once (registers, CTA and warp limits; the GEMV's model, one CTA being
-    k_warps warps); `columns` (a format): of the block-columns kernel; `fragments` (x's dtype): with x in fragment
-    order."""
-    return ctas_per_sm(cap or model_registers(groups, token_tiles, columns, fragments), k_warps) * k_warps
+    """Warps of this config one SM holds at once (registers, CTA and warp limits, the register file's sub-partitions
+    counted: resident_ctas; one CTA being k_warps warps); `columns` (a format): of the block-columns kernel;
+    `fragments` (x's dtype): with x in fragment order."""
+    return resident_ctas(cap or model_registers(groups, token_tiles, columns, fragments), k_warps) * k_warps
 
 
 def k_steps(k: int) -> int:
@@ -98,9 +114,11 @@ def grid_warps(n: int, groups: int, k_warps: int) -> int:
     return -(-n // (16 * groups)) * k_warps
 
 
-def candidates(token_tiles: int, columns: str = ""):
-    """(groups, k_warps, register cap or 0) the launcher may choose from."""
+def candidates(token_tiles: int, columns: str = "", groups_only: int = 0):
+    """(groups, k_warps, register cap or 0) the launcher may choose from (`groups_only`: of that many groups only)."""
     for groups, k_warps in SPLITS:
+        if groups_only and groups != groups_only:
+            continue
         yield groups, k_warps, 0
         cap = None if columns else CAPS.get((groups, token_tiles))
         if cap and 2 <= REGISTER_FILE // (cap * 32 * k_warps) <= MAX_CTAS_PER_SM:
@@ -155,6 +173,16 @@ BALANCED = 0.8
 TWO_GROUPS_MIN_CHAIN = 12
 TWO_GROUPS_MIN_FILL = 0.6
 TWO_GROUPS_MAX_K_WARPS = 4
+# Where the split is still two groups at 16 tokens a CTA with x in fragment order (a tie in warps, which goes to more
+# groups) and its grid holds fewer than WIDEN_BELOW_WARPS warps an SM, the one-group split (the same rules among
+# one-group splits, widened) takes its place if its grid holds more warps: more warps a row for the same x loads a
+# row, where the two-group grid leaves warps free (at a tie, as with k-warps in powers of two only, two groups stay:
+# 8192 x 28672 at 16 tokens, one group of 4 k-warps 1.98 x the read against 1.78). Graph-timed on the H200 against the two-group split at 12 and 16 tokens, both formats, bf16
+# x, on the bench shapes and 40 drawn ones (bench.one_group_ab; docs/linear_h200_ab_one_group.csv; BENCHMARKS.md,
+# "The A/B runs of 2026-12-05"): 20 points differ, 0.908 of the time on geomean, 0.83-1.00 (8192 x 28672 at 16 tokens:
+# two groups of 8 k-warps, 15.5 warps an SM, against one group of 7 capped at 72 registers, 27: 0.95). Only x dtypes
+# measured (fp16 x, whose fragments take a register cap, keeps two groups).
+ONE_GROUP_FRAGMENTS = ("bf16",)
 
 
 def chain(steps: int, k_warps: int) -> int:
@@ -163,17 +191,18 @@ def chain(steps: int, k_warps: int) -> int:
 
 
 def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = "",
-                 few_tokens: bool | None = None, fragments: str = "") -> tuple[int, int, int]:
+                 few_tokens: bool | None = None, fragments: str = "", groups_only: int = 0) -> tuple[int, int, int]:
     """(groups, k_warps, register cap) for N rows of K: the most warps that fit one resident wave among the candidates
     above (`few_tokens`: at most 4 tokens a CTA; by default, one token tile); on ties uncapped, then balanced, then
     more groups; where none fits (very large N), the fewest waves. With two token tiles, two groups where the
-    TWO_GROUPS_* test above takes them over one, unless x is in fragment order (`fragments`: x's dtype)."""
+    TWO_GROUPS_* test above takes them over one, unless x is in fragment order (`fragments`: x's dtype), and one
+    group where the ONE_GROUP_FRAGMENTS rule takes it over two. `groups_only`: among splits of that many groups."""
     if few_tokens is None:
         few_tokens = token_tiles == 1
     steps = k_steps(k)
     fits = []  # (key, split, fill of one wave) of the candidates whose grid fits one resident wave
     fewest, fewest_waves = None, None
-    for groups, k_warps, cap in candidates(token_tiles, columns):
+    for groups, k_warps, cap in candidates(token_tiles, columns, groups_only):
         wave = resident_warps(groups, k_warps, token_tiles, cap, columns, fragments) * sms
         if wave == 0:
             continue
@@ -197,7 +226,13 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = 
         _, split, fill = max(two, key=lambda f: f[0])
         if TWO_GROUPS_MIN_CHAIN <= chain(steps, split[1]) <= chain(steps, best[1]) and fill >= TWO_GROUPS_MIN_FILL:
             best = split
-    return widen_k_warps(n, k, sms, token_tiles, columns, few_tokens, fragments, best)
+    best = widen_k_warps(n, k, sms, token_tiles, columns, few_tokens, fragments, best)
+    if (token_tiles == 2 and best[0] == 2 and fragments in ONE_GROUP_FRAGMENTS
+            and grid_warps(n, 2, best[1]) < WIDEN_BELOW_WARPS * sms):
+        one = choose_split(n, k, sms, token_tiles, columns, few_tokens, fragments, groups_only=1)
+        if grid_warps(n, 1, one[1]) > grid_warps(n, 2, best[1]):
+            return one
+    return best
 
 
 def widen_k_warps(n: int, k: int, sms: int, token_tiles: int, columns: str, few_tokens: bool, fragments: str,
@@ -266,10 +301,25 @@ def k_splits_for(n: int, k: int, sms: int, token_tiles: int, groups: int, k_warp
 SPLIT_TOKENS_MAX_WEIGHT = 1 << 23
 
 
-def token_tiles_for(m: int, n: int, k: int) -> int:
+# Past 16 tokens, CTAs of 32 tokens (four tiles: W decoded once per 32 tokens, at 128 registers a thread) where they
+# take no more token tiles than CTAs of 16 do, i.e. where ceil(M / 16) is even, with x in fragment order (the weights
+# x_fragments_for takes past 16 tokens) and bf16 x. Graph-timed on the H200 against 16-token CTAs (bench.token_tiles_ab;
+# docs/linear_h200_ab_token_tiles.csv; BENCHMARKS.md, "The A/B runs of 2026-12-05"; 7 shapes, M = 17-127, both
+# formats, bf16 x): on the five weights with x in fragment order 0.71-0.99 of the time where ceil(M / 16) is even (M
+# = 17, 24, 32, 64, 96, 127; 8192 x 28672 at 17 tokens: 0.73), 0.97-1.05 at 48 (three 16-token tiles against two of
+# 32, 64 token slots for 48 tokens); on 2880 x 2880 and 2048 x 768 (x as it is) 0.94-1.30. So a 32-token CTA costs
+# about 1.5-1.75 of a 16-token one, and pays only where it pads no more tokens. fp16 x is not measured and keeps 16.
+TOKEN_TILES_4_X_DTYPES = ("bf16",)
+
+
+def token_tiles_for(m: int, n: int, k: int, x_dtype: str = "", fragments: bool = False) -> int:
     """8-token MMA tiles a CTA takes: one up to M = 8; one (two CTAs along M) up to M = 16 where W is small; else
-    two (16 tokens a CTA)."""
-    return 1 if m <= 8 or (m <= 16 and n * k <= SPLIT_TOKENS_MAX_WEIGHT) else 2
+    two (16 tokens a CTA), or past 16 tokens four (32), by the rule above (x_dtype, and x in fragment order)."""
+    if m <= 8 or (m <= 16 and n * k <= SPLIT_TOKENS_MAX_WEIGHT):
+        return 1
+    if m > 16 and fragments and x_dtype in TOKEN_TILES_4_X_DTYPES and -(-m // 16) % 2 == 0:
+        return 4
+    return 2
 
 
 # From 33 tokens (three 16-token tiles) on a W larger than this, the grid runs token tiles fastest (m_major), so the
@@ -467,7 +517,8 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
         fold = not columns and mx_fold_for(fmt, x_dtype)
     override = {**override, "block_columns": columns, "x_fragments": fragments, "mx_fold": fold}
     parts = 1 if columns else override.get("k_parts") or k_parts_for(m, n, k, sms)
-    token_tiles = 1 if columns else override.get("token_tiles") or (1 if parts == 2 else token_tiles_for(m, n, k))
+    token_tiles = 1 if columns else override.get("token_tiles") or (
+        1 if parts == 2 else token_tiles_for(m, n, k, x_dtype, fragments))
     _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, fmt if columns else "",
                                                 fragments_key(x_dtype, fold) if fragments else "")
     # An override of the split (sweeps, tests) means that split on its own, uncapped and unclustered unless it names
@@ -567,7 +618,7 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
     """The launch of one call signature (everything but M and the data): `launch(out2d, x2d, weight_u8, scale,
     global_scale, bias)`. A call costs the size check (M enters it), one dict lookup and the TVM-FFI launch; the
     config is chosen and compiled on the first call of each token class (M <= 2, 3-4, 5-8, 9-12, 13-16, 17-32,
-    more: within each, k_parts_for, token_tiles_for and m_major_for give one answer; past M_CHUNK rows, one launch
+    more with ceil(M / 16) even, more with it odd: within each, k_parts_for, token_tiles_for and m_major_for give one answer; past M_CHUNK rows, one launch
     a chunk of them). From prefill.PREFILL_MIN_TOKENS tokens (not with `override`, which names a config of the fp4
     kernel) the call goes to the dequantize-and-GEMM path instead (nvfp4_gemv/linear/prefill.py)."""
     plans = {}
@@ -589,7 +640,8 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
                 run_many = plans["prefill"] = prefill.bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout)
             run_many(out2d, x2d, weight_u8, scale, global_scale, bias)
             return
-        tokens = (m < K_PARTS_ALWAYS_TOKENS, m <= K_PARTS_MAX_TOKENS, m <= 8, m <= 12, m <= 16, m <= 32)
+        tokens = (m < K_PARTS_ALWAYS_TOKENS, m <= K_PARTS_MAX_TOKENS, m <= 8, m <= 12, m <= 16, m <= 32,
+                  -(-m // 16) % 2)
         plan = plans.get(tokens)
         if plan is None:
             plan = plans[tokens] = plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout,

@@ -47,12 +47,16 @@ EPILOGUES = ("separate", "fused")
 
 
 def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, chunk_bytes: int = CHUNK_BYTES,
-         epilogue: str = "separate"):
+         epilogue: str = "fused"):
     """`run(out2d, x2d, weight_u8, scale, global_scale, bias)` for one call signature (everything but M); W is
     dequantized in chunks of at most `chunk_bytes` (chunk_rows). `epilogue`: how a chunk's fp32 sums get the global
-    scale and bias and reach y: "separate", in place and then copied (up to three kernels a chunk); "fused", one
-    elementwise kernel writing y's columns (addcmul, mul or add with y's slice as its out), the same values to within
-    an fp32 rounding before the one rounding to x's dtype (not yet timed against "separate")."""
+    scale and bias and reach y: "fused", one elementwise kernel writing y's columns (addcmul, mul or add with y's
+    slice as its out); "separate", in place and then copied (up to three kernels a chunk). The two give the same
+    values to within an fp32 rounding before the one rounding to x's dtype. Graph-timed on the H200
+    (bench.chunk_bytes_sweep; docs/linear_h200_ab_chunk_bytes.csv; BENCHMARKS.md, "The A/B runs of 2026-12-05"; NVFP4
+    with a global scale, 7 shapes, M = 128-512): fused took 0.77-0.94 of separate's time at every chunk size; and
+    chunks under 64 MB were slower at every point where they made more chunks (8 MB: 1.4-3.1 x), so CHUNK_BYTES
+    stays."""
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue: expected one of {EPILOGUES}, got {epilogue!r}")
     cfg = DequantFp4Config(fmt=fmt, sf_kind=_SF_KINDS[scale_layout], out_dtype=_OUT_DTYPES[x_dtype],
