@@ -923,7 +923,7 @@ ANY_K_WARPS = [
 ANY_K_WARPS_COMBOS = [(f, lay, d) for f, lay in LAYOUTS for d in DTYPES]
 
 
-# 32 tokens a CTA (token_tiles = 4: W decoded once per 32 tokens; not dispatched, timed by bench.token_tiles_ab):
+# 32 tokens a CTA (token_tiles = 4: W decoded once per 32 tokens; dispatched past 16 tokens, test_thirty_two_tokens_rule):
 # (M, config) each in two of the six combinations. M = 17, 33 and 70 leave a partial last CTA along M.
 THIRTY_TWO_TOKENS = [
     (17, dict(token_tiles=4, k_warps=8)), (32, dict(token_tiles=4, k_warps=4, x_fragments=True)),

@@ -43,8 +43,8 @@ WIDEN_K_WARPS = True  # choose_split's split widened to other k-warp counts (wid
 # (docs/linear_h200_k_warps_heldout.csv, 28 points at 1-16 tokens, both formats): 0.944 of the time on geomean,
 # 0.87-1.02.
 WIDEN_BELOW_WARPS = 18
-# (groups, token_tiles) -> registers a thread. Four token tiles (32 tokens a CTA) are not dispatched; their entries
-# serve bench.token_tiles_ab.
+# (groups, token_tiles) -> registers a thread. Four token tiles (32 tokens a CTA) are dispatched past 16 tokens
+# (TOKEN_TILES_4_X_DTYPES).
 REGISTERS = {(1, 1): 64, (2, 1): 72, (1, 2): 80, (2, 2): 128, (1, 4): 128, (2, 4): 168}
 CAPS = {(1, 1): 48}  # (groups, token_tiles) -> a register cap ptxas meets with one spilled pair in the loop
 # (groups, token_tiles, x dtype) -> registers a thread of LinearW4A16Fragments (x_fragments) where they are fewer
