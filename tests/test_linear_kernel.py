@@ -257,7 +257,8 @@ def test_thirty_two_tokens_rule():
         assert kernels.token_tiles_for(m, 8192, 28672, "bf16", True) == 2, m
     for m in range(1, 17):
         assert kernels.token_tiles_for(m, 8192, 28672, "bf16", True) == kernels.token_tiles_for(m, 8192, 28672)
-    for (n, k), fmt in itertools.product(((8192, 28672), (28672, 4096), (4096, 4096), (5760, 2880)), ("nvfp4", "mxfp4")):
+    weights = ((8192, 28672), (28672, 4096), (4096, 4096), (5760, 2880))
+    for (n, k), fmt in itertools.product(weights, ("nvfp4", "mxfp4")):
         for m in (17, 32, 64, 96, 127):
             cfg = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4", 132)
             assert cfg.token_tiles == 4 and cfg.x_fragments and cfg.k_parts == 1, (n, k, m, fmt)
@@ -923,7 +924,8 @@ ANY_K_WARPS = [
 ANY_K_WARPS_COMBOS = [(f, lay, d) for f, lay in LAYOUTS for d in DTYPES]
 
 
-# 32 tokens a CTA (token_tiles = 4: W decoded once per 32 tokens; dispatched past 16 tokens, test_thirty_two_tokens_rule):
+# 32 tokens a CTA (token_tiles = 4: W decoded once per 32 tokens; dispatched past 16 tokens where
+# test_thirty_two_tokens_rule says):
 # (M, config) each in two of the six combinations. M = 17, 33 and 70 leave a partial last CTA along M.
 THIRTY_TWO_TOKENS = [
     (17, dict(token_tiles=4, k_warps=8)), (32, dict(token_tiles=4, k_warps=4, x_fragments=True)),

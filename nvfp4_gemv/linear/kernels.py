@@ -177,11 +177,12 @@ TWO_GROUPS_MAX_K_WARPS = 4
 # groups) and its grid holds fewer than WIDEN_BELOW_WARPS warps an SM, the one-group split (the same rules among
 # one-group splits, widened) takes its place if its grid holds more warps: more warps a row for the same x loads a
 # row, where the two-group grid leaves warps free (at a tie, as with k-warps in powers of two only, two groups stay:
-# 8192 x 28672 at 16 tokens, one group of 4 k-warps 1.98 x the read against 1.78). Graph-timed on the H200 against the two-group split at 12 and 16 tokens, both formats, bf16
-# x, on the bench shapes and 40 drawn ones (bench.one_group_ab; docs/linear_h200_ab_one_group.csv; BENCHMARKS.md,
-# "The A/B runs of 2026-12-05"): 20 points differ, 0.908 of the time on geomean, 0.83-1.00 (8192 x 28672 at 16 tokens:
-# two groups of 8 k-warps, 15.5 warps an SM, against one group of 7 capped at 72 registers, 27: 0.95). Only x dtypes
-# measured (fp16 x, whose fragments take a register cap, keeps two groups).
+# 8192 x 28672 at 16 tokens, one group of 4 k-warps 1.98 x the read against 1.78). Graph-timed on the H200 against the
+# two-group split at 12 and 16 tokens, both formats, bf16 x, on the bench shapes and 40 drawn ones
+# (bench.one_group_ab; docs/linear_h200_ab_one_group.csv; BENCHMARKS.md, "The A/B runs of 2026-12-05"): 20 points
+# differ, 0.908 of the time on geomean, 0.83-1.00 (8192 x 28672 at 16 tokens: two groups of 8 k-warps, 15.5 warps an
+# SM, against one group of 7 capped at 72 registers, 27: 0.95). Only x dtypes measured (fp16 x, whose fragments take a
+# register cap, keeps two groups).
 ONE_GROUP_FRAGMENTS = ("bf16",)
 
 
@@ -618,8 +619,8 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
     """The launch of one call signature (everything but M and the data): `launch(out2d, x2d, weight_u8, scale,
     global_scale, bias)`. A call costs the size check (M enters it), one dict lookup and the TVM-FFI launch; the
     config is chosen and compiled on the first call of each token class (M <= 2, 3-4, 5-8, 9-12, 13-16, 17-32,
-    more with ceil(M / 16) even, more with it odd: within each, k_parts_for, token_tiles_for and m_major_for give one answer; past M_CHUNK rows, one launch
-    a chunk of them). From prefill.PREFILL_MIN_TOKENS tokens (not with `override`, which names a config of the fp4
+    more with ceil(M / 16) even, more with it odd: within each, k_parts_for, token_tiles_for and m_major_for give
+    one answer; past M_CHUNK rows, one launch a chunk of them). From prefill.PREFILL_MIN_TOKENS tokens (not with `override`, which names a config of the fp4
     kernel) the call goes to the dequantize-and-GEMM path instead (nvfp4_gemv/linear/prefill.py)."""
     plans = {}
     workspace = Workspace(k, device)
