@@ -453,7 +453,7 @@ def test_register_table_matches_ptxas(tmp_path):
 @pytest.mark.slow
 def test_dispatched_configs_fit_the_resident_warp_model(tmp_path):
     """Every kernel config the launcher dispatches on a grid of shapes (the bench's 12, four long-K or few-row ones),
-    1-16 tokens, both formats and x dtypes (NVFP4 with a global scale, as checkpoints have it), gets from ptxas
+    1-16, 24 and 64 tokens (32-token CTAs past 16), both formats and x dtypes (NVFP4 with a global scale, as checkpoints have it), gets from ptxas
     (sm_90a) no more registers than let an SM hold the CTAs the resident-warp model counts for it: the split is
     chosen to fill one wave, and one CTA an SM fewer can make that two (MXFP4's fold uncapped at one group of one
     tile did: 8192 x 28672 at 4 tokens, fp16 x, 2.15 x the read against 1.34 capped). And none spills in its K loop
@@ -469,7 +469,7 @@ def test_dispatched_configs_fit_the_resident_warp_model(tmp_path):
 
     configs = {}
     for (n, k), m, fmt, xd in itertools.product(
-        list(SHAPES) + [(512, 25344), (3584, 18048), (32768, 24448), (181, 8320)], (1, 2, 3, 4, 6, 8, 12, 16),
+        list(SHAPES) + [(512, 25344), (3584, 18048), (32768, 24448), (181, 8320)], (1, 2, 3, 4, 6, 8, 12, 16, 24, 64),
         ("nvfp4", "mxfp4"), ("bf16", "fp16"),
     ):
         c = kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4", kernels.H200_SMS)
