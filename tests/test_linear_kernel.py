@@ -453,13 +453,13 @@ def test_register_table_matches_ptxas(tmp_path):
 @pytest.mark.slow
 def test_dispatched_configs_fit_the_resident_warp_model(tmp_path):
     """Every kernel config the launcher dispatches on a grid of shapes (the bench's 12, four long-K or few-row ones),
-    1-16, 24 and 64 tokens (32-token CTAs past 16), both formats and x dtypes (NVFP4 with a global scale, as checkpoints have
-    it), gets from ptxas (sm_90a) no more registers than let an SM hold the CTAs the resident-warp model counts for it:
-    the split is chosen to fill one wave, and one CTA an SM fewer can make that two (MXFP4's fold uncapped at one group
-    of one tile did: 8192 x 28672 at 4 tokens, fp16 x, 2.15 x the read against 1.34 capped). And none spills in its K
-    loop (sm_90a SASS) but at the register caps taken for warps and timed as they spill: CAPS' one-group cap (1 spill
-    instruction in the loop with bf16 x, 4 with fp16) and the scale fold's (mx_fold_cap: 2-25); BENCHMARKS.md, "Fewer
-    registers at 16 tokens a CTA"."""
+    1-16, 24 and 64 tokens (32-token CTAs past 16), both formats and x dtypes (NVFP4 with a global scale, as
+    checkpoints have it), gets from ptxas (sm_90a) no more registers than let an SM hold the CTAs the resident-warp
+    model counts for it: the split is chosen to fill one wave, and one CTA an SM fewer can make that two (MXFP4's fold
+    uncapped at one group of one tile did: 8192 x 28672 at 4 tokens, fp16 x, 2.15 x the read against 1.34 capped). And
+    none spills in its K loop (sm_90a SASS) but at the register caps taken for warps and timed as they spill: CAPS'
+    one-group cap (1 spill instruction in the loop with bf16 x, 4 with fp16) and the scale fold's (mx_fold_cap: 2-25);
+    BENCHMARKS.md, "Fewer registers at 16 tokens a CTA"."""
     import dataclasses
     from concurrent.futures import ThreadPoolExecutor
 
