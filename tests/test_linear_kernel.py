@@ -189,8 +189,9 @@ def test_widen_k_warps(monkeypatch):
     for (n, k), m, fmt, xd in itertools.product(
         [(4096, 14336), (2880, 2880), (17664, 18688), (2368, 6912), (1216, 1088), (9152, 768), (181, 8320),
          (28672, 4096), (8192, 28672), (640, 2048)], (1, 2, 4, 8, 12, 16), ("nvfp4", "mxfp4"), ("bf16", "fp16")):
-        now = cfg(m, n, k, fmt, xd)
-        with monkeypatch.context() as mp:
+        with monkeypatch.context() as mp:  # the widening alone: the one-group rule (test_one_group_rule) set aside
+            mp.setattr(kernels, "ONE_GROUP_FRAGMENTS", ())
+            now = cfg(m, n, k, fmt, xd)
             mp.setattr(kernels, "WIDEN_K_WARPS", False)
             pow2 = cfg(m, n, k, fmt, xd)
         if now == pow2:
