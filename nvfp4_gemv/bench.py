@@ -37,10 +37,12 @@ def copy_bandwidth(nbytes: int = 1 << 30, iters: int = 20) -> float:
     return 2 * nbytes / statistics.median(times)
 
 
-def input_pool(make, m: int, k: int, l: int, pool_bytes: int = POOL_BYTES):  # noqa: E741
-    """Enough distinct input tuples to span `pool_bytes`, at least 2."""
+def input_pool(m: int, k: int, l: int, pool_bytes: int = POOL_BYTES):  # noqa: E741
+    """Enough distinct contest input tuples on the GPU (seeds 0, 1, ...) to span `pool_bytes`, at least 2."""
+    from submission.reference import generate_input
+
     n = max(2, math.ceil(pool_bytes / bytes_moved(m, k, l)))
-    return [make(m, k, l, seed) for seed in range(n)]
+    return [generate_input(m, k, l, seed=seed, device="cuda") for seed in range(n)]
 
 
 _FLUSH = {}
@@ -214,7 +216,6 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
 
     Returns (bandwidth bytes/s, rows): a row is a dict of shape, variant, contest µs, graph µs, floor µs."""
     from nvfp4_gemv.kernel import custom_kernel
-    from submission.reference import generate_input
 
     bw = copy_bandwidth()
     log(f"copy bandwidth: {bw / 1e12:.3f} TB/s")
@@ -222,7 +223,7 @@ def benchmark_shapes(shapes, iters: int = 100, baselines: bool = True, log=print
     tc = torch_compile_baseline() if baselines else None
     tma = tma_variants()
     for m, k, l in shapes:  # noqa: E741
-        pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
+        pool = input_pool(m, k, l)
         floor = floor_us(m, k, l, bw)
         # (name, call, the inputs it rotates over)
         variants = [("nvfp4-gemv", custom_kernel, pool)] + [(name, fn, pool) for name, fn in tma]
@@ -268,7 +269,7 @@ def cold_start_table(shapes, iters: int = 40, rounds: int = 2, log=print):
     tiny = generate_input(128, 64, 1, seed=1, device="cuda")
     small = torch.zeros(1024, dtype=torch.uint32, device="cuda")
     for m, k, l in shapes:  # noqa: E741
-        pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
+        pool = input_pool(m, k, l)
         a, b, _, _, sfa, sfb, c = pool[0]
         custom_kernel(pool[0])
         raw = DISPATCH.kernels[DISPATCH.key(a, b, sfa, sfb, c, "permuted")]
@@ -304,7 +305,6 @@ def read_order_table(shapes, iters: int = 40, rounds: int = 2, unrolls=(8, 2), l
     its bytes beside them. Contest- and graph-timed, the best of `rounds`. Returns rows of µs."""
     from cute_kernels.stream_read import StreamReadConfig
     from nvfp4_gemv.kernel import custom_kernel
-    from submission.reference import generate_input
 
     rows = []
     for m, k, l in shapes:  # noqa: E741
@@ -314,8 +314,7 @@ def read_order_table(shapes, iters: int = 40, rounds: int = 2, unrolls=(8, 2), l
             variants[f"A, a warp a row, unroll {u}"] = stream_read_variant(
                 a_bytes, config=StreamReadConfig(row_chunks=k // 32, unroll=u))
         variants[STREAM_READ] = stream_read_variant(bytes_moved(m, k, l))
-        variants["nvfp4-gemv"] = (custom_kernel, input_pool(
-            lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l))
+        variants["nvfp4-gemv"] = (custom_kernel, input_pool(m, k, l))
         for name, (fn, pool) in variants.items():
             row = {"m": m, "k": k, "l": l, "variant": name,
                    "contest_us": min(contest_time_us(fn, pool, iters) for _ in range(rounds)),
@@ -417,12 +416,11 @@ def sweep_simt_configs(shapes, configs, log=print, timing: str = "graph", iters:
     """µs of the CUDA-core kernel for each (schedule, config) on each shape, graph-timed (kernel time only, L2
     defeated by the rotated pool) or contest-timed (`iters` calls, each after the contest's L2 flush); returns
     {(shape, (schedule, config)): µs}. Used to fit the config choice in nvfp4_gemv.dispatch."""
-    from submission.reference import generate_input
 
     time_us = _timer(timing, iters)
     out = {}
     for m, k, l in shapes:  # noqa: E741
-        pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
+        pool = input_pool(m, k, l)
         for schedule, cfg in configs:
             if schedule == "dispatched":  # what custom_kernel picks for the shape (cfg None)
                 from nvfp4_gemv.kernel import custom_kernel
@@ -516,7 +514,7 @@ def call_path_table(entries, shapes, iters: int = 100, log=print):
         rows.append({"entry": name, "shape": (128, 256, 1), "host_us": us})
         log(f"{name:<28} host cost {us:7.2f} us/call (back to back, 128x256x1)")
     for m, k, l in shapes:  # noqa: E741
-        pool = input_pool(lambda m_, k_, l_, s: generate_input(m_, k_, l_, seed=s, device="cuda"), m, k, l)
+        pool = input_pool(m, k, l)
         for name, fn in entries.items():
             us = contest_time_us(fn, pool, iters)
             rows.append({"entry": name, "shape": (m, k, l), "contest_us": us})
