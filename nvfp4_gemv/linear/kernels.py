@@ -313,12 +313,17 @@ SPLIT_TOKENS_MAX_WEIGHT = 1 << 23
 TOKEN_TILES_4_X_DTYPES = ("bf16",)
 
 
+def pads_no_more_as_32(m: int) -> bool:
+    """Whether CTAs of 32 tokens take no more token slots than CTAs of 16 for M tokens: ceil(M / 16) even."""
+    return -(-m // 16) % 2 == 0
+
+
 def token_tiles_for(m: int, n: int, k: int, x_dtype: str = "", fragments: bool = False) -> int:
     """8-token MMA tiles a CTA takes: one up to M = 8; one (two CTAs along M) up to M = 16 where W is small; else
     two (16 tokens a CTA), or past 16 tokens four (32), by the rule above (x_dtype, and x in fragment order)."""
     if m <= 8 or (m <= 16 and n * k <= SPLIT_TOKENS_MAX_WEIGHT):
         return 1
-    if m > 16 and fragments and x_dtype in TOKEN_TILES_4_X_DTYPES and -(-m // 16) % 2 == 0:
+    if m > 16 and fragments and x_dtype in TOKEN_TILES_4_X_DTYPES and pads_no_more_as_32(m):
         return 4
     return 2
 
@@ -643,7 +648,7 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
             run_many(out2d, x2d, weight_u8, scale, global_scale, bias)
             return
         tokens = (m < K_PARTS_ALWAYS_TOKENS, m <= K_PARTS_MAX_TOKENS, m <= 8, m <= 12, m <= 16, m <= 32,
-                  -(-m // 16) % 2)
+                  pads_no_more_as_32(m))
         plan = plans.get(tokens)
         if plan is None:
             plan = plans[tokens] = plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout,
