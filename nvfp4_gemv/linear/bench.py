@@ -414,6 +414,29 @@ def dispatched_against_reference(cases=CAPPED_CASES, dtype=torch.float16, log=pr
     return worst
 
 
+HELD_OUT_SEED = 1207  # none of the rules' A/B runs drew from it (they used 1205)
+
+
+def held_out_ab(rounds=2, csv_path=None, log=print):
+    """The three rules adopted from the A/B runs of 2026-12-05, each against the rules before it, on shapes drawn
+    with HELD_OUT_SEED (bf16 and fp16 x; a rule that leaves a point's config as it was skips it): one group at 12 and
+    16 tokens (`ONE_GROUP_FRAGMENTS`) and the register file's partitions at 1-16 tokens (`resident_ctas`) on 64
+    shapes, 32-token CTAs at 32 and 64 tokens (`TOKEN_TILES_4_X_DTYPES`) on the first 16. One CSV; `rule` names
+    the rule of each row."""
+    shapes = tuple(drawn_shapes(64, HELD_OUT_SEED))
+    dtypes = (torch.bfloat16, torch.float16)
+    runs = (("one_group", dict(ONE_GROUP_FRAGMENTS=()), shapes, (12, 16)),
+            ("token_tiles", dict(TOKEN_TILES_4_X_DTYPES=()), shapes[:16], (32, 64)),
+            ("register_partitions", dict(resident_ctas=ctas_per_sm), shapes, (1, 2, 4, 8, 16)))
+    rows = []
+    for rule, patch, rule_shapes, tokens in runs:
+        for row in rules_ab(patch, False, rule_shapes, tokens, FORMATS, dtypes, rounds, None, log):
+            rows.append(dict(rule=rule, **row))
+    if csv_path and rows:
+        write_csv(rows, csv_path)
+    return rows
+
+
 MANY_TOKENS_SHAPES = ((8192, 28672), (28672, 4096), (4096, 14336), (4096, 4096), (5760, 2880), (2880, 2880),
                       (2048, 768))
 
@@ -534,6 +557,9 @@ AB_RUNS = {
                     token_tiles_ab),
     "chunk_bytes": ("the many-token path's chunk size: 8-64 MB at 128-512 tokens",
                     chunk_bytes_sweep),
+    "held_out": ("the three rules of 2026-12-05 (one group at 12-16 tokens, 32-token CTAs at 32 and 64, the register "
+                 "file's partitions at 1-16) against the rules before each, on shapes drawn with a seed none was "
+                 "read from, bf16 and fp16 x", held_out_ab),
     "register_partitions": ("splits chosen with the register file's sub-partitions counted (kernels.resident_ctas) "
                             "against the whole file (dispatch.ctas_per_sm), 1-16 tokens, bf16 and fp16 x, the bench "
                             "shapes and 40 drawn ones",
