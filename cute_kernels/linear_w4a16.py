@@ -79,7 +79,7 @@ class LinearW4A16Config:
     max_registers: int = 0  # 0: as ptxas likes; else a cap, so that more warps stay resident (min CTAs per SM)
     k_splits: int = 1  # CTAs of a cluster that split K for the same rows (their sums meet in shared memory)
     m_major: bool = False  # token tiles on the grid's x (consecutive CTAs share W's rows through L2), for M > 16
-    k_parts: int = 1  # 2: each weight row on two MMA rows, two 128-K halves of a 256-K step; 4 tokens a tile
+    k_parts: int = 1  # P > 1: each weight row on P MMA rows, P 128-K parts of a (P·128)-K step, 8 / P tokens a tile
     acc_sets: int = 1  # 2: a step's MMAs alternate between two accumulator sets (two chains of 4, not one of 8)
     block_columns: bool = False  # LinearW4A16Columns: x prepared as f16, block scales after the MMA, 2 tokens a CTA
     x_fragments: bool = False  # LinearW4A16Fragments: x prepared in fragment order, a warp's x load 512 contiguous bytes
@@ -102,8 +102,8 @@ class LinearW4A16Config:
             raise ValueError(f"sf_dtype must be 'u8' or (nvfp4) 'e4m3', got {self.sf_dtype!r} for {self.fmt}")
         if self.k_splits not in (1, 2, 4, 8) or (self.k_splits > 1 and self.max_registers):
             raise ValueError(f"k_splits must be 1, 2, 4 or 8 (a portable cluster), and uncapped, got {self}")
-        if self.k_parts not in (1, 2):
-            raise ValueError(f"k_parts must be 1 or 2, got {self}")
+        if self.k_parts not in (1, 2, 4, 8):
+            raise ValueError(f"k_parts must be 1, 2, 4 or 8, got {self}")
         if self.acc_sets not in (1, 2):
             raise ValueError(f"acc_sets must be 1 or 2, got {self}")
         if self.block_columns and (self.k_parts, self.token_tiles, self.acc_sets, self.m_major) != (1, 1, 1, False):
@@ -138,7 +138,7 @@ class LinearW4A16Config:
 
     @property
     def group_rows(self) -> int:
-        """Weight rows of one 16-row MMA group (8 with two K parts a row)."""
+        """Weight rows of one 16-row MMA group (16 / k_parts)."""
         return 16 // self.k_parts
 
     @property
@@ -147,8 +147,8 @@ class LinearW4A16Config:
 
     @property
     def tile_tokens(self) -> int:
-        """Tokens of one 8-column MMA tile (4 with two K parts: the columns are (token, part); 2 with block
-        columns: (token, lane))."""
+        """Tokens of one 8-column MMA tile (8 / k_parts: the columns are (token, part); 2 with block columns: (token,
+        lane))."""
         return 2 if self.block_columns else 8 // self.k_parts
 
     @property
@@ -802,20 +802,29 @@ class LinearW4A16:
 
     def store_sums(self, sum_of, sum_args, mGS, row0, r, c, bidy, mY, mBias, m, n):
         """Every output of this thread's rows and tokens: sum_of(i, *sum_args) for accumulator i, through `store`.
-        With two K parts, accumulators 2h and 2h + 1 are columns (token c, part 0) and (c, part 1) of MMA row
-        r + 8h, whose part is r % 2: the even lane stores its part 0 plus the odd lane's part 1 (a shuffle)."""
+        With P = k_parts > 1, accumulators 2h and 2h + 1 are columns 2c and 2c + 1 of MMA row r + 8h, that is
+        (token (2c + b) / P, part (2c + b) % P) against (weight row 8h / P + r / P, part r % P): a lane keeps the one
+        whose parts match (b = r % 2, where c % (P / 2) == (r % P) / 2; zero elsewhere), and the P parts of a row
+        meet by a fixed butterfly over the lane bits that name them (r's low bits, c's low bits)."""
         cfg = self.cfg
+        kp = cfg.k_parts
         factor = self.output_factor(mGS)
         for g in range(cfg.groups):
             for t in range(cfg.token_tiles):
                 for q in range(4):
                     i = q + 4 * (g + cfg.groups * t)
-                    if const_expr(cfg.k_parts == 1):
+                    if const_expr(kp == 1):
                         self.store(sum_of(i, *sum_args), factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n)
                     elif const_expr(q % 2 == 0):
-                        v = sum_of(i, *sum_args)
-                        other = cute.arch.shuffle_sync_bfly(sum_of(i + 1, *sum_args), offset=4)
-                        self.store(v + other, factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n)
+                        even, odd = sum_of(i, *sum_args), sum_of(i + 1, *sum_args)
+                        v = Float32(cutlass.select_(r % 2 == 1, odd, even))
+                        if const_expr(kp > 2):
+                            v = Float32(cutlass.select_(c % (kp // 2) == (r % kp) // 2, v, Float32(0.0)))
+                        for bit in range(kp.bit_length() - 1):  # the lane bits of r's part: 4, 8, 16
+                            v = v + cute.arch.shuffle_sync_bfly(v, offset=4 << bit)
+                        for bit in range((kp // 2).bit_length() - 1):  # and of c's: 1, 2
+                            v = v + cute.arch.shuffle_sync_bfly(v, offset=1 << bit)
+                        self.store(v, factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n)
 
     @cute.jit
     def output_factor(self, mGS):
@@ -828,15 +837,15 @@ class LinearW4A16:
 
     @cute.jit
     def store(self, v, factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n):
-        """y[tok, row] of accumulator q of group g, token tile t: the sum v times `factor`, plus the bias (with two K
-        parts, from the even lane of each pair)."""
+        """y[tok, row] of accumulator q of group g, token tile t: the sum v times `factor`, plus the bias (with K
+        parts, from the lane of part 0)."""
         cfg = self.cfg
         kp = cfg.k_parts
         row = row0 + cfg.group_rows * g + (8 // kp) * (q // 2) + r // kp
         tok = bidy * cfg.tokens_per_cta + cfg.tile_tokens * t + (2 * c + q % 2) // kp
         ok = row < n and tok < m
-        if const_expr(kp == 2):
-            ok = ok and r % 2 == 0
+        if const_expr(kp > 1):
+            ok = ok and r % kp == 0 and c % (kp // 2) == 0
         if ok:
             v = v * factor
             if const_expr(cfg.bias):

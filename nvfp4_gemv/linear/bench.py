@@ -414,6 +414,28 @@ def dispatched_against_reference(cases=CAPPED_CASES, dtype=torch.float16, log=pr
     return worst
 
 
+# Four and eight K parts a row (LinearW4A16Config.k_parts): at 8 parts a warp's W load is 512 contiguous bytes of one
+# row and its scale load 64, and x's registers serve 2 rows a group, so more groups reuse them without the thin grids
+# of 4 groups of 16 rows. Per token count, the splits timed against the dispatched config: (k_parts, token_tiles,
+# groups, row_warps, k_warps).
+K_PARTS_MANY = {1: [(8, 1, 1, 1, 4), (8, 1, 2, 1, 1), (8, 1, 2, 1, 2), (8, 1, 2, 1, 4), (8, 1, 2, 2, 2),
+                    (8, 1, 4, 1, 1), (8, 1, 4, 1, 2), (4, 1, 2, 1, 4)],
+                2: [(8, 2, 2, 1, 2), (8, 2, 2, 1, 4), (8, 2, 4, 1, 1), (4, 1, 2, 1, 4), (4, 1, 2, 2, 2)],
+                4: [(4, 2, 2, 1, 2), (4, 2, 2, 1, 4), (4, 2, 1, 1, 4)]}
+
+
+def k_parts_many_sweep(shapes=SHAPES, formats=("nvfp4",), csv_path=None, log=print, **_):
+    """`sweep` of K_PARTS_MANY's splits and the dispatched config at 1, 2 and 4 tokens, bf16 x."""
+    rows = []
+    for m, splits in K_PARTS_MANY.items():
+        configs = [{}] + [dict(k_parts=p, token_tiles=t, groups=g, row_warps=rw, k_warps=kw)
+                          for p, t, g, rw, kw in splits]
+        rows += sweep(configs, shapes, (m,), formats, None, log)
+    if csv_path:
+        write_csv(rows, csv_path)
+    return rows
+
+
 HELD_OUT_SEED = 1207  # none of the rules' A/B runs drew from it (they used 1205)
 
 
@@ -560,6 +582,8 @@ AB_RUNS = {
     "held_out": ("the three rules of 2026-12-05 (one group at 12-16 tokens, 32-token CTAs at 32 and 64, the register "
                  "file's partitions at 1-16) against the rules before each, on shapes drawn with a seed none was "
                  "read from, bf16 and fp16 x", held_out_ab),
+    "k_parts_many": ("four and eight K parts a row against the dispatched config, 1, 2 and 4 tokens",
+                     k_parts_many_sweep),
     "register_partitions": ("splits chosen with the register file's sub-partitions counted (kernels.resident_ctas) "
                             "against the whole file (dispatch.ctas_per_sm), 1-16 tokens, bf16 and fp16 x, the bench "
                             "shapes and 40 drawn ones",

@@ -370,7 +370,7 @@ def _split(m: int, n: int, k: int, sms: int, parts: int, token_tiles: int, colum
     twice the rows of half the steps."""
     rows = n * -(-min(m, 16) // ((2 if columns else 8 // parts) * token_tiles)) * parts
     k_row = k // parts
-    few_tokens = bool(columns) or parts == 2 or m <= K_PARTS_MAX_TOKENS  # at most 4 tokens a CTA
+    few_tokens = bool(columns) or parts >= 2 or m <= K_PARTS_MAX_TOKENS  # at most 4 tokens a CTA
     groups, k_warps, cap = choose_split(rows, k_row, sms, token_tiles, columns, few_tokens, fragments)
     return rows, k_row, groups, k_warps, cap, k_splits_for(rows, k_row, sms, token_tiles, groups, k_warps, cap,
                                                            columns)
@@ -524,7 +524,7 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     override = {**override, "block_columns": columns, "x_fragments": fragments, "mx_fold": fold}
     parts = 1 if columns else override.get("k_parts") or k_parts_for(m, n, k, sms)
     token_tiles = 1 if columns else override.get("token_tiles") or (
-        1 if parts == 2 else token_tiles_for(m, n, k, x_dtype, fragments))
+        1 if parts >= 2 else token_tiles_for(m, n, k, x_dtype, fragments))
     _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, fmt if columns else "",
                                                 fragments_key(x_dtype, fold) if fragments else "")
     # An override of the split (sweeps, tests) means that split on its own, uncapped and unclustered unless it names
