@@ -27,6 +27,8 @@ PTX_CASES = [
     dict(fmt="mxfp4", x_dtype="fp16", k_parts=2, groups=2, k_warps=4, k_splits=2),
     dict(fmt="nvfp4", x_dtype="bf16", k_parts=2, acc_sets=2),
     dict(fmt="mxfp4", x_dtype="fp16", token_tiles=2, groups=2, k_warps=2, acc_sets=2),
+    dict(fmt="nvfp4", x_dtype="bf16", k_parts=8, groups=2, k_warps=2, global_scale=True),
+    dict(fmt="mxfp4", x_dtype="fp16", k_parts=4, token_tiles=2, groups=2, k_warps=4, mx_fold=True),
 ]
 
 
@@ -77,8 +79,10 @@ def test_ptx_facts(ptx, kw, arch):
         assert str(k) in text or f"{k:#x}" in text.lower(), k
     # K split over a cluster: rank 0 reads the other CTAs' sums from their shared memory, between cluster barriers.
     assert (text.count("barrier.cluster.wait") == 2 and "ld.shared::cluster.f32" in text) == (cfg.k_splits > 1)
-    # Two K parts a row: the odd lane's part reaches the even lane by one butterfly shuffle per stored pair.
-    assert text.count("shfl.sync.bfly") == (2 * cfg.groups if cfg.k_parts == 2 else 0)
+    # P K parts a row: the parts of a stored value meet by butterfly shuffles, log2(P) over the lanes of the MMA
+    # rows and log2(P / 2) over the lanes of the columns, per (group, token tile, row half).
+    shuffles = (cfg.k_parts.bit_length() - 1) + (cfg.k_parts // 2).bit_length() - 1 if cfg.k_parts > 1 else 0
+    assert text.count("shfl.sync.bfly") == 2 * cfg.groups * cfg.token_tiles * shuffles
     # Deterministic: no float atomics anywhere.
     for line in text.splitlines():
         assert not (line.strip().startswith(("atom.", "red.")) and ".f32" in line), line
@@ -631,6 +635,9 @@ def test_mx_fold_rule():
     assert not kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "fp16", False, False).mx_fold  # block columns
     assert not kernels.config_for(4, 6144, 4096, "mxfp4", "plain", "fp16", False, False, mx_fold=False).mx_fold
     assert kernels.config_for(4, 6144, 4096, "mxfp4", "plain", "bf16", False, False, mx_fold=True).mx_fold
+    # A split the launcher never chooses (4 groups, which REGISTERS does not count) runs uncapped, not a KeyError.
+    four = kernels.config_for(1, 203, 960, "mxfp4", "plain", "fp16", False, False, k_parts=8, groups=4, k_warps=2)
+    assert four.mx_fold and four.max_registers == 0
     for bad in (dict(fmt="nvfp4"), dict(block_columns=True)):
         with pytest.raises(ValueError, match="mx_fold"):
             kernels.LinearW4A16Config(**{"fmt": "mxfp4", "mx_fold": True, **bad})

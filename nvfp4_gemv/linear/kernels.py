@@ -490,7 +490,8 @@ def mx_fold_cap(groups: int, k_warps: int, token_tiles: int) -> int:
     SM. One group of one token tile needs it too: with two K parts or x in fragment order the fold takes 72-80
     registers uncapped (sm_90a), one CTA an SM fewer than the model counts, which turned one-wave grids into two
     (8192 x 28672 at 4 tokens, fp16 x: 2.11 x the read); capped at 64, ptxas spills nothing."""
-    return _cap_at(REGISTERS[(groups, token_tiles)], k_warps)
+    regs = REGISTERS.get((groups, token_tiles))  # none for a split the launcher never chooses (4 groups): uncapped
+    return _cap_at(regs, k_warps) if regs else 0
 
 
 def fragments_cap(groups: int, k_warps: int, token_tiles: int, x_dtype: str) -> int:
