@@ -906,11 +906,13 @@ def test_four_and_eight_k_parts_a_row(fmt, layout, dtype, k, parts):
     """k_parts = 4 and 8 (each row on 4 or 8 MMA rows, 8 / parts tokens x parts on the columns; a warp's W load one
     row's 512 contiguous bytes at 8 parts) against the reference at 1-5 tokens (several CTAs along M), with K's
     remainder by the (parts x 128)-K step of many sizes, K below one step, odd N, 1, 2 and 4 groups, a cluster,
-    row-warps and two token tiles; and the same bits as k_parts = 1 on small-integer data with unit scales."""
+    row-warps, two token tiles and x in fragment order; and the same bits as k_parts = 1 on small-integer data with
+    unit scales."""
     n = 203
     w, scale, plain, gs, bias = _cuda_operands(n, k, fmt, layout, dtype)
     for m, cfg in [(1, dict(groups=2, k_warps=4)), (2, dict(groups=4, k_warps=2)), (3, dict(k_warps=8, k_splits=2)),
-                   (2, dict(row_warps=2, k_warps=4)), (5, dict(token_tiles=2, k_warps=3, acc_sets=2))]:
+                   (2, dict(row_warps=2, k_warps=4)), (5, dict(token_tiles=2, k_warps=3, acc_sets=2)),
+                   (3, dict(groups=2, k_warps=2, x_fragments=True))]:
         x = torch.randn(m, k).to(dtype).cuda()
         y = _run(x, w, scale, fmt, layout, gs, bias, k_parts=parts, **cfg)
         _check(y, x, w, plain, fmt, gs, bias)

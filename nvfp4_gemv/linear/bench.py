@@ -417,19 +417,23 @@ def dispatched_against_reference(cases=CAPPED_CASES, dtype=torch.float16, log=pr
 # Four and eight K parts a row (LinearW4A16Config.k_parts): at 8 parts a warp's W load is 512 contiguous bytes of one
 # row and its scale load 64, and x's registers serve 2 rows a group, so more groups reuse them without the thin grids
 # of 4 groups of 16 rows. Per token count, the splits timed against the dispatched config: (k_parts, token_tiles,
-# groups, row_warps, k_warps).
-K_PARTS_MANY = {1: [(8, 1, 1, 1, 4), (8, 1, 2, 1, 1), (8, 1, 2, 1, 2), (8, 1, 2, 1, 4), (8, 1, 2, 2, 2),
-                    (8, 1, 4, 1, 1), (8, 1, 4, 1, 2), (4, 1, 2, 1, 4)],
-                2: [(8, 2, 2, 1, 2), (8, 2, 2, 1, 4), (8, 2, 4, 1, 1), (4, 1, 2, 1, 4), (4, 1, 2, 2, 2)],
-                4: [(4, 2, 2, 1, 2), (4, 2, 2, 1, 4), (4, 2, 1, 1, 4)]}
+# groups, row_warps, k_warps, x in fragment order). Measured on an H100 without the fragment-order rows
+# (docs/linear_h100_k_parts_many.csv; BENCHMARKS.md, "An H100 session"): at 8 parts each lane's x chunks lie 64 bytes
+# apart, 16 lines a load instruction; in fragment order 8 (the 8 parts' steps), which the added rows time.
+K_PARTS_MANY = {1: [(8, 1, 1, 1, 4, False), (8, 1, 2, 1, 1, False), (8, 1, 2, 1, 2, False), (8, 1, 2, 1, 4, False),
+                    (8, 1, 2, 2, 2, False), (8, 1, 4, 1, 1, False), (8, 1, 4, 1, 2, False), (4, 1, 2, 1, 4, False),
+                    (8, 1, 1, 1, 4, True), (8, 1, 2, 1, 1, True), (8, 1, 2, 1, 2, True), (8, 1, 4, 1, 2, True)],
+                2: [(8, 2, 2, 1, 2, False), (8, 2, 2, 1, 4, False), (8, 2, 4, 1, 1, False), (4, 1, 2, 1, 4, False),
+                    (4, 1, 2, 2, 2, False), (8, 2, 2, 1, 2, True), (4, 1, 2, 1, 4, True)],
+                4: [(4, 2, 2, 1, 2, False), (4, 2, 2, 1, 4, False), (4, 2, 1, 1, 4, False)]}
 
 
 def k_parts_many_sweep(shapes=SHAPES, formats=("nvfp4",), csv_path=None, log=print, **_):
     """`sweep` of K_PARTS_MANY's splits and the dispatched config at 1, 2 and 4 tokens, bf16 x."""
     rows = []
     for m, splits in K_PARTS_MANY.items():
-        configs = [{}] + [dict(k_parts=p, token_tiles=t, groups=g, row_warps=rw, k_warps=kw)
-                          for p, t, g, rw, kw in splits]
+        configs = [{}] + [dict(k_parts=p, token_tiles=t, groups=g, row_warps=rw, k_warps=kw, x_fragments=xf)
+                          for p, t, g, rw, kw, xf in splits]
         rows += sweep(configs, shapes, (m,), formats, None, log)
     if csv_path:
         write_csv(rows, csv_path)
