@@ -365,12 +365,18 @@ def fragments_capped(groups: int, registers: int, x_dtypes=("bf16",)) -> dict:
                 FRAGMENT_CAPS=tuple(dict.fromkeys(kernels.FRAGMENT_CAPS + tuple(keys))))
 
 
+# The launcher's rules before each rule the A/B runs of 2026-12-05 adopted, as `rules_ab` patches (names in
+# nvfp4_gemv.linear.kernels): one group at 16 tokens, 32-token CTAs, the register file's partitions.
+RULES_BEFORE = {"one_group": dict(ONE_GROUP_FRAGMENTS=()), "token_tiles": dict(TOKEN_TILES_4_X_DTYPES=()),
+                "register_partitions": dict(resident_ctas=ctas_per_sm)}
+
+
 def one_group_ab(shapes=SHAPES, tokens=(12, 16), formats=FORMATS, dtypes=(torch.bfloat16,), rounds=2, csv_path=None,
                  log=print):
     """µs per call at every (shape, M, format, x dtype) where `kernels.ONE_GROUP_FRAGMENTS` changes the launcher's
     split: the two-group split of 16-token CTAs the rules gave before it (before) against the dispatched one-group
     split (now), alternately `rounds` times, the best of each; with the read of the same bytes."""
-    return rules_ab(dict(ONE_GROUP_FRAGMENTS=()), False, shapes, tokens, formats, dtypes, rounds, csv_path, log)
+    return rules_ab(RULES_BEFORE["one_group"], False, shapes, tokens, formats, dtypes, rounds, csv_path, log)
 
 
 def token_tiles_ab(shapes=None, tokens=(17, 24, 32, 48, 64, 96, 127), formats=FORMATS, dtypes=(torch.bfloat16,),
@@ -380,7 +386,7 @@ def token_tiles_ab(shapes=None, tokens=(17, 24, 32, 48, 64, 96, 127), formats=FO
     alternately `rounds` times, the best of each; with the read of the same bytes (shapes: MANY_TOKENS_SHAPES by
     default)."""
     shapes = MANY_TOKENS_SHAPES if shapes is None else shapes
-    return rules_ab(dict(TOKEN_TILES_4_X_DTYPES=()), False, shapes, tokens, formats, dtypes, rounds, csv_path, log)
+    return rules_ab(RULES_BEFORE["token_tiles"], False, shapes, tokens, formats, dtypes, rounds, csv_path, log)
 
 
 # (M, N, K, format, global scale) whose dispatched config with fp16 x is one the register caps of 2026-12-04 touch:
@@ -451,12 +457,11 @@ def held_out_ab(rounds=2, csv_path=None, log=print):
     the rule of each row."""
     shapes = tuple(drawn_shapes(64, HELD_OUT_SEED))
     dtypes = (torch.bfloat16, torch.float16)
-    runs = (("one_group", dict(ONE_GROUP_FRAGMENTS=()), shapes, (12, 16)),
-            ("token_tiles", dict(TOKEN_TILES_4_X_DTYPES=()), shapes[:16], (32, 64)),
-            ("register_partitions", dict(resident_ctas=ctas_per_sm), shapes, (1, 2, 4, 8, 16)))
+    runs = (("one_group", shapes, (12, 16)), ("token_tiles", shapes[:16], (32, 64)),
+            ("register_partitions", shapes, (1, 2, 4, 8, 16)))
     rows = []
-    for rule, patch, rule_shapes, tokens in runs:
-        for row in rules_ab(patch, False, rule_shapes, tokens, FORMATS, dtypes, rounds, None, log):
+    for rule, rule_shapes, tokens in runs:
+        for row in rules_ab(RULES_BEFORE[rule], False, rule_shapes, tokens, FORMATS, dtypes, rounds, None, log):
             rows.append(dict(rule=rule, **row))
     if csv_path and rows:
         write_csv(rows, csv_path)
@@ -591,7 +596,7 @@ AB_RUNS = {
     "register_partitions": ("splits chosen with the register file's sub-partitions counted (kernels.resident_ctas) "
                             "against the whole file (dispatch.ctas_per_sm), 1-16 tokens, bf16 and fp16 x, the bench "
                             "shapes and 40 drawn ones",
-                            lambda **kw: rules_ab(dict(resident_ctas=ctas_per_sm), False,
+                            lambda **kw: rules_ab(RULES_BEFORE["register_partitions"], False,
                                                   shapes=SHAPES + tuple(drawn_shapes(40, 1205)),
                                                   tokens=(1, 2, 3, 4, 6, 8, 9, 12, 16),
                                                   dtypes=(torch.bfloat16, torch.float16), **kw)),
