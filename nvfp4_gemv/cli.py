@@ -59,6 +59,18 @@ def _shape_arg(text: str) -> tuple[int, int, int]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _linear_shape_arg(text: str) -> tuple[int, int]:
+    """N,K of a weight for the linear: N >= 1, K a positive multiple of 64."""
+    parts = text.split(",")
+    try:
+        n, k = (int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a weight shape is N,K (two integers), got {text!r}") from None
+    if n < 1 or k < 64 or k % 64:
+        raise argparse.ArgumentTypeError(f"a weight shape needs N >= 1 and K a positive multiple of 64, got {text!r}")
+    return n, k
+
+
 def _out_folder(text: str) -> Path:
     """An --out folder: it may exist (as a folder) or be created, in a parent folder that exists and is writable."""
     if not text.strip():
@@ -381,6 +393,20 @@ def _cmd_ab(args) -> int:
     return 0
 
 
+def _cmd_probes(args) -> int:
+    from nvfp4_gemv.linear import probes
+
+    if not _has_cuda():
+        print(f"{NO_GPU}: load probes time kernels, so there is nothing to do here.", file=sys.stderr)
+        return 1
+    args.out.mkdir(exist_ok=True)
+    path = args.out / "linear_load_probes.csv"
+    rows = probes.load_probe_sweep(shapes=args.shapes, tokens=tuple(args.tokens), formats=tuple(args.formats),
+                                   csv_path=path, log=lambda s: print(s, flush=True))
+    print(f"wrote {path} ({len(rows)} rows)", flush=True)
+    return 0
+
+
 # ---- compile ---------------------------------------------------------------------------------------------------
 
 def _cmd_compile(args) -> int:
@@ -498,6 +524,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--out", type=_out_folder, default="bench-out",
                    help="folder for linear_ab_<run>.csv (default: bench-out)")
     a.set_defaults(func=_cmd_ab)
+
+    q = sub.add_parser("probes", help="the W4A16 linear's load probes: its kernel with the scale loads, the x loads or "
+                       "both taken out of the K loop (wrong results, timing only), beside the kernel and the read (GPU)")
+    q.add_argument("--shapes", nargs="+", type=_linear_shape_arg, metavar="N,K", default=None,
+                   help="weight shapes (default: the bench's 12)")
+    q.add_argument("--tokens", nargs="+", type=_positive_int, default=[1, 4], help="token counts M (default 1 4)")
+    q.add_argument("--formats", nargs="+", choices=("nvfp4", "mxfp4"), default=["nvfp4", "mxfp4"])
+    q.add_argument("--out", type=_out_folder, default="bench-out",
+                   help="folder for linear_load_probes.csv (default: bench-out)")
+    q.set_defaults(func=_cmd_probes)
 
     k = sub.add_parser("compile", help="write PTX, cubin (and SASS with nvdisasm) and an instruction summary")
     k.add_argument("--arch", choices=GPU_ARCHS, required=True)

@@ -303,6 +303,11 @@ def test_default_outputs_are_git_ignored():
         (["ab", "no_such_run"], "invalid choice"),
         (["ab"], "the following arguments are required"),
         (["ab", "token_tiles", "--rounds", "0"], "--rounds: must be >= 1"),
+        (["probes", "--shapes", "4096,100"], "K a positive multiple of 64"),
+        (["probes", "--shapes", "0,4096"], "N >= 1"),
+        (["probes", "--shapes", "4096"], "N,K (two integers)"),
+        (["probes", "--formats", "int4"], "invalid choice"),
+        (["probes", "--tokens", "0"], "--tokens: must be >= 1"),
     ],
 )
 def test_argument_errors_exit_nonzero(argv, message, capsys):
@@ -320,6 +325,13 @@ def test_ab_without_gpu_says_so(capsys):
         pytest.skip("a GPU is present: `ab` would time kernels")
     assert cli.main(["ab", "token_tiles", "chunk_bytes"]) == 1
     assert "an A/B run times kernels" in capsys.readouterr().err
+
+
+def test_probes_without_gpu_says_so(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: `probes` would time kernels")
+    assert cli.main(["probes", "--shapes", "4096,4096"]) == 1
+    assert "load probes time kernels" in capsys.readouterr().err
 
 
 def test_ab_runs_name_their_points(monkeypatch, tmp_path):
