@@ -21,16 +21,18 @@ def allocation(registers: int) -> int:
 
 
 def _compile_in_child(module: str, cls: str, config: str, arch: str, keep: str, dump, config_module: str | None,
-                      config_cls: str | None, tail: str = "", stream: str | None = None) -> str:
+                      config_cls: str | None, tail: str = "", stream: str | None = None, prelude: str = "") -> str:
     """Compile `cute_kernels.<module>.<cls>` on `<config_cls>(<config>)` (by default the kernel module's
-    `<cls>Config`) for `arch` in a child process with CUTE_DSL_KEEP=`keep` (set before the DSL loads); `tail` is
-    more code run on the compiled object `c`. Returns the child's stdout."""
+    `<cls>Config`) for `arch` in a child process with CUTE_DSL_KEEP=`keep` (set before the DSL loads); `prelude` is
+    code run after the imports (it may rebind `<cls>`, e.g. to a subclass), `tail` more code run on the compiled
+    object `c`. Returns the child's stdout."""
     code = (
         "import json, sys\n"
         "from cute_kernels.compile import compile_kernel\n"
         f"from cute_kernels.{module} import {cls}\n"
         f"from cute_kernels.{config_module or module} import {config_cls or cls + 'Config'}\n"
-        f"c = compile_kernel({cls}, {config_cls or cls + 'Config'}({config}), {arch!r}, stream={stream!r})\n"
+        + prelude
+        + f"c = compile_kernel({cls}, {config_cls or cls + 'Config'}({config}), {arch!r}, stream={stream!r})\n"
         + tail
     )
     env = dict(os.environ, CUTE_DSL_KEEP=keep, CUTE_DSL_DUMP_DIR=str(dump))
@@ -83,12 +85,13 @@ def _elf_register_counts(data: bytes):
 
 
 def compiled_ptx(module: str, cls: str, config_kwargs: dict, arch: str, dump, config_module: str | None = None,
-                 config_cls: str | None = None) -> str:
+                 config_cls: str | None = None, prelude: str = "") -> str:
     """The PTX of `cute_kernels.<module>.<cls>(<cls>Config(**config_kwargs))` for `arch` (every kernel the call
-    launches), compiled as the library compiles it (TVM-FFI, torch's stream) in a child process."""
+    launches), compiled as the library compiles it (TVM-FFI, torch's stream) in a child process; `prelude` as
+    `_compile_in_child` takes it."""
     config = f"**json.loads({json.dumps(json.dumps(config_kwargs))})"
     tail = "p = c.__ptx__\nsys.stdout.write(open(p).read() if p and p.endswith('.ptx') else p)\n"
-    return _compile_in_child(module, cls, config, arch, "ptx", dump, config_module, config_cls, tail, "torch")
+    return _compile_in_child(module, cls, config, arch, "ptx", dump, config_module, config_cls, tail, "torch", prelude)
 
 
 def k_loop_spills(dump) -> list[int]:

@@ -5,10 +5,10 @@ instruments, so nothing that dispatches may reach them."""
 import collections
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+
+from registers import compiled_ptx
 
 # (config fields, the PTX load of a block scale); W loads are L1::no_allocate, x loads default-cached v4.
 CASES = [
@@ -21,20 +21,9 @@ W_LOAD, X_LOAD = "ld.global.L1::no_allocate.v4.b32", "ld.global.v4.b32"
 
 def _ptx_loads(kw: dict, drop: str, dump) -> tuple[collections.Counter, int, int]:
     """(global loads by kind, MMAs, e4m3x2 conversions) in the sm_90a PTX of the kernel (drop "") or of a probe."""
-    code = (
-        "import sys\n"
-        "from cute_kernels.compile import compile_kernel\n"
-        "from cute_kernels.linear_w4a16 import LinearW4A16, LinearW4A16Config\n"
-        "from nvfp4_gemv.linear.probes import probe_class\n"
-        f"cls = probe_class({drop!r}) if {drop!r} else LinearW4A16\n"
-        f"c = compile_kernel(cls, LinearW4A16Config(**{kw!r}), 'sm_90a', stream='torch')\n"
-        "p = c.__ptx__\nsys.stdout.write(open(p).read() if p and p.endswith('.ptx') else p)\n"
-    )
+    prelude = f"from nvfp4_gemv.linear.probes import probe_class\nLinearW4A16 = probe_class({drop!r})\n" if drop else ""
     dump.mkdir(parents=True)
-    env = dict(os.environ, CUTE_DSL_KEEP="ptx", CUTE_DSL_DUMP_DIR=str(dump))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    text = out.stdout
+    text = compiled_ptx("linear_w4a16", "LinearW4A16", kw, "sm_90a", dump, prelude=prelude)
     return (collections.Counter(re.findall(r"\bld\.global[.\w:]*", text)), text.count("mma.sync"),
             text.count("cvt.rn.f16x2.e4m3x2"))
 

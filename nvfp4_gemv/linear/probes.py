@@ -3,9 +3,9 @@ loop, to measure on a GPU what each kind of load costs the loop. The values a dr
 a number the compiler cannot see (the step index masked by a pointer's sign bit, or x's row length shifted to zero),
 so the decode, the scale conversion and the MMAs stay in the loop: a scale made from the step index is converted
 every step, as a loaded one is; x made from the row length is the same every step, so its pairing (PRMT) leaves the
-loop with its loads. The outputs are
-wrong by construction: probes are never dispatched, only timed beside the kernel they come from
-(`load_probe_sweep`), and `tests/test_linear_probes.py` checks in the sm_90a PTX that each drops exactly its loads.
+loop with its loads. The outputs are wrong by construction: probes are never dispatched, only timed beside the
+kernel they come from (`load_probe_sweep`, `nvfp4-gemv probes`), and `tests/test_linear_probes.py` checks in the
+sm_90a PTX that each drops exactly its loads.
 """
 
 from __future__ import annotations
