@@ -105,7 +105,9 @@ def load_probe_sweep(shapes=None, tokens=(1, 4), formats=("nvfp4",), csv_path=No
                 w0, sf0 = pool[0]
                 base(x, w0, sf0, y, gs, bias)
                 want = torch.empty_like(y)
-                kernels.run(want, x, w0, sf0.view(torch.uint8), fmt, "plain", gs if fmt == "nvfp4" else None, None,
+                # the scales as they are (float8 for NVFP4, as the op passes them): the launcher then picks this very
+                # config, already compiled, instead of compiling its uint8 twin
+                kernels.run(want, x, w0, sf0, fmt, "plain", gs if fmt == "nvfp4" else None, None,
                             x_fragments=False, block_columns=False)
                 if not torch.equal(y, want):
                     raise AssertionError(f"{n}x{k} M={m} {fmt}: the probes' base kernel differs from fp4_linear's")
