@@ -84,7 +84,6 @@ class LinearW4A16Config:
     block_columns: bool = False  # LinearW4A16Columns: x prepared as f16, block scales after the MMA, 2 tokens a CTA
     x_fragments: bool = False  # LinearW4A16Fragments: x prepared in fragment order, a warp's x load 512 contiguous bytes
     mx_fold: bool = False  # MXFP4: the scale fold (MX_FOLD) on the steps whose scales fit it; False: the general path
-    scale_pairs: bool = False  # NVFP4, plain scales, K % 256 == 0: steps two at a time, one scale load a row a pair
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -112,9 +111,6 @@ class LinearW4A16Config:
                              f"got {self}")
         if self.mx_fold and (self.fmt != "mxfp4" or self.block_columns):
             raise ValueError(f"mx_fold is MXFP4's scale fold in the default kernel, got {self}")
-        if self.scale_pairs and (self.fmt, self.sf_kind, self.k_parts, self.block_columns) != ("nvfp4", "plain", 1,
-                                                                                                False):
-            raise ValueError(f"scale_pairs takes NVFP4 with plain scales, one K part and no block columns, got {self}")
         if self.block_columns and self.x_fragments:
             raise ValueError("block_columns prepares x its own way; x_fragments is for the default kernel")
         if self.m_major and self.k_splits > 1:
@@ -272,22 +268,6 @@ def ld_global_nc(addr, bits: int, *, loc=None, ip=None) -> Uint32:
             loc=loc, ip=ip,
         )
     )  # fmt: skip
-
-
-@dsl_user_op
-def prmt_by(a, b, sel, *, loc=None, ip=None) -> Uint32:
-    """`prmt.b32` with a register selector (one PRMT): bytes of {b:a} picked per lane."""
-    return asm_u32([a, b, sel], "prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", loc, ip)
-
-
-@dsl_user_op
-def ld_global_nc_v4(addr, *, loc=None, ip=None):
-    """`ld.global.nc.v4.u32` at a 16-byte aligned byte address: four 32-bit words."""
-    res = inline_ptx(
-        llvm.StructType.get_literal([T.i32()] * 4), [Int64(addr).ir_value(loc=loc, ip=ip)],
-        "ld.global.nc.v4.u32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,l", loc=loc, ip=ip,
-    )
-    return [Uint32(llvm.extractvalue(T.i32(), res, [i], loc=loc, ip=ip)) for i in range(4)]
 
 
 # The codes each decoded pair holds, per MMA dtype: word pair P[i] = (codes a, b), a in the low half.
@@ -556,20 +536,9 @@ class LinearW4A16:
                 rS[h, g] = ld_global_nc(addr, 16 if cfg.fmt == "nvfp4" else 8)
 
     @cute.jit
-    def load_scale_pair(self, rS0, rS1, sf, p, row_offsets, sel):
-        """scale_pairs: steps 2p and 2p + 1 of each row as one 16-byte record (8 block scales a step), the same load
-        for the row's 4 lanes; `sel` picks this lane's two bytes of each step (blocks 2c, 2c + 1) into rS0 and rS1.
-        `row_offsets`: each row's first scale byte (plain scales: the record is 16p bytes further)."""
-        for g in cutlass.range_constexpr(self.cfg.groups):
-            for h in cutlass.range_constexpr(2):
-                rec = ld_global_nc_v4(sf.iterator.toint() + Int64(row_offsets[h, g] + 2 * p * (STEP_K // SF_VEC)))
-                rS0[h, g] = prmt_by(rec[0], rec[1], sel)
-                rS1[h, g] = prmt_by(rec[2], rec[3], sel)
-
-    @cute.jit
-    def load_step(self, regs, x_words, w_words, sf, s, rows, toks, c, live, scales: cutlass.Constexpr = True):
-        """Load 128-K step s (of this lane's part) into registers: 16 bytes of W and (`scales`) the scales per row,
-        64 bytes of x per token."""
+    def load_step(self, regs, x_words, w_words, sf, s, rows, toks, c, live):
+        """Load 128-K step s (of this lane's part) into registers: 16 bytes of W and the scales per row, 64 bytes of x
+        per token."""
         cfg = self.cfg
         rW, rX, rS = regs
         if live:
@@ -588,8 +557,7 @@ class LinearW4A16:
             atom_x = load_atom(Uint32, 128)
             for src, dst, is_w in chunks:
                 cute.copy(atom_w if is_w else atom_x, src, dst)
-            if const_expr(scales):
-                self.load_scales(rS, sf, s, rows, c)
+            self.load_scales(rS, sf, s, rows, c)
         else:
             rW.fill(0)
             rX.fill(0)
@@ -738,37 +706,10 @@ class LinearW4A16:
             if folding == 0:  # the step that left the fold, loaded already
                 self.compute_step(fold_regs, accs, False)
                 first = first + 1
-        if const_expr(cfg.scale_pairs):
-            # Steps two at a time (K % 256 == 0, the launcher's condition): pair p is steps 2p and 2p + 1, and the
-            # scale record of both is loaded with the first step's W. One step an iteration, as below: with both steps
-            # in one loop body ptxas hoists the second step's loads above the first's math (78 registers, not 62).
-            sel = Uint32(2 * c) | (Uint32(2 * c + 1) << 4)
-            guard = Uint32(n) >> 31  # 0
-            last = 4 * cfg.groups * cfg.token_tiles - 1  # the accumulator of a step's last MMA
-            next_scales = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Uint32)
-            row_offsets = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Int32)
-            for g in cutlass.range_constexpr(cfg.groups):
-                for h in cutlass.range_constexpr(2):
-                    row_offsets[h, g] = Int32(sf_address(sf, "nvfp4", rows[g, h], 0) - sf.iterator.toint())
-            my_pairs = (k // (2 * STEP_K) - kq + k_lanes - 1) // k_lanes
-            for st in cutlass.range(my_pairs, unroll=cfg.unroll):
-                p = kq + st * k_lanes
-                first_regs = self.make_regs()
-                self.load_step(first_regs, x_words, w_words, sf, 2 * p, rows, toks, c, True, False)
-                self.load_scale_pair(first_regs[2], next_scales, sf, p, row_offsets, sel)
-                self.compute_step(first_regs, accs, False)
-                # The second step's loads wait for the first step's last sum: `after` is 0 (N < 2^31), but ptxas
-                # cannot know it, so it does not hoist them above the first step's math (both steps' registers live:
-                # 76-114 a thread, not 62-66).
-                after = Int32(Uint32(llvm.bitcast(T.i32(), accs[-1][last].ir_value())) & guard)
-                second_regs = self.make_regs()
-                self.load_step(second_regs, x_words, w_words, sf, 2 * p + 1 + after, rows, toks, c, True, False)
-                self.compute_step((second_regs[0], second_regs[1], next_scales), accs, False)
-        else:
-            for st in cutlass.range(first, my_steps, unroll=cfg.unroll):
-                step_regs = self.make_regs()
-                self.load_step(step_regs, x_words, w_words, sf, (kq + st * k_lanes) * kp + part, rows, toks, c, True)
-                self.compute_step(step_regs, accs, False)
+        for st in cutlass.range(first, my_steps, unroll=cfg.unroll):
+            step_regs = self.make_regs()
+            self.load_step(step_regs, x_words, w_words, sf, (kq + st * k_lanes) * kp + part, rows, toks, c, True)
+            self.compute_step(step_regs, accs, False)
         if k % cfg.step_k != 0:
             # The last partial step (64 K elements, or with two parts 64, 128 or 192): a lane whose 32 codes lie
             # past K multiplies zeros.

@@ -873,25 +873,6 @@ def test_every_split(split, fmt):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("k", [256, 512, 3072, 4096])
-def test_scale_pairs(dtype, k):
-    """NVFP4's two-step scale records (scale_pairs) against the reference: one pair a warp and several, more warps
-    than pairs, a cluster, two groups, 16 tokens, x in fragment order, a register cap; full-range scales (subnormal
-    e4m3 included), odd N, a global scale and a bias; the same bits on every rerun."""
-    n = 203
-    w, scale, plain, gs, bias = _cuda_operands(n, k, "nvfp4", "plain", dtype)
-    for m, cfg in [(1, {}), (2, dict(k_warps=16)), (3, dict(k_warps=4, k_splits=2)), (4, dict(groups=2, k_warps=2)),
-                   (8, dict(k_warps=3)), (16, dict(token_tiles=2, k_warps=8)), (5, dict(x_fragments=True)),
-                   (1, dict(k_warps=8, max_registers=64))]:
-        x = torch.randn(m, k).to(dtype).cuda()
-        y = _run(x, w, scale, "nvfp4", "plain", gs, bias, scale_pairs=True, **cfg)
-        _check(y, x, w, plain, "nvfp4", gs, bias)
-        again = _run(x, w, scale, "nvfp4", "plain", gs, bias, scale_pairs=True, **cfg)
-        assert torch.equal(y.view(torch.int16), again.view(torch.int16))
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("fmt,layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("k", [2880, 2944, 3008, 3072, 64, 192])

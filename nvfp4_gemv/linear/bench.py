@@ -155,8 +155,7 @@ def x_fragments_ab(shapes=SHAPES, tokens=(1, 2, 3, 4, 8, 12, 16), formats=FORMAT
 def _ab_fields(cfg) -> dict:
     """A config's split as an override of every field the launcher chooses (so config_for keeps it as it is)."""
     return {f: getattr(cfg, f) for f in ("groups", "k_warps", "max_registers", "k_splits", "k_parts", "token_tiles",
-                                         "x_fragments", "block_columns", "acc_sets", "m_major", "mx_fold",
-                                         "scale_pairs")}
+                                         "x_fragments", "block_columns", "acc_sets", "m_major", "mx_fold")}
 
 
 def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), rounds=2, csv_path=None, log=print):
@@ -447,50 +446,6 @@ def k_parts_many_sweep(shapes=SHAPES, formats=("nvfp4",), csv_path=None, log=pri
     return rows
 
 
-def scale_pairs_ab(shapes=SHAPES, tokens=TOKENS, dtypes=(torch.bfloat16,), rounds=2, csv_path=None, log=print):
-    """NVFP4, plain scales: µs per call of the dispatched config against the same split with its steps taken two at
-    a time and each row's two-step scale record in one load (LinearW4A16Config.scale_pairs), as ptxas allocates it
-    and capped at 64 registers (the one-group split's own count), alternately `rounds` times, the best of each;
-    with the read of the same bytes. Points the record cannot serve (two K parts, block columns, K % 256 != 0)
-    are skipped."""
-    import dataclasses
-
-    from nvfp4_gemv.linear import kernels
-
-    rows = []
-    for n, k in shapes:
-        if k % 256:
-            continue
-        read = None
-        for dtype in dtypes:
-            xd = kernels._X_DTYPES[dtype]
-            for m in tokens:
-                base = kernels.config_for(m, n, k, "nvfp4", "plain", xd, False, True)
-                if base.k_parts != 1 or base.block_columns:
-                    continue
-                pairs = dataclasses.replace(base, scale_pairs=True)
-                variants = {"dispatched": base, "pairs": pairs}
-                if not base.max_registers and base.k_splits == 1 and base.token_tiles == 1 and base.groups == 1:
-                    variants["pairs r64"] = dataclasses.replace(pairs, max_registers=64)
-                if read is None:
-                    read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, "nvfp4")))
-                best = dict.fromkeys(variants, math.inf)
-                for _ in range(rounds):
-                    for name, cfg in variants.items():
-                        ov = _ab_fields(cfg)
-                        best[name] = min(best[name], _time(lambda: ours(n, k, m, "nvfp4", dtype, **ov)))
-                row = dict(n=n, k=k, m=m, x=xd, read_us=round(read, 3), config=_label(base),
-                           **{f"{name}_us": round(t, 3) for name, t in best.items()})
-                row.setdefault("pairs r64_us", math.nan)
-                row["pairs_over_dispatched"] = round(best["pairs"] / best["dispatched"], 4)
-                row["pairs_r64_over_dispatched"] = round(row["pairs r64_us"] / best["dispatched"], 4)
-                rows.append(row)
-                log(" ".join(f"{key}={val}" for key, val in row.items()))
-    if csv_path and rows:
-        write_csv(rows, csv_path)
-    return rows
-
-
 HELD_OUT_SEED = 1207  # none of the rules' A/B runs drew from it (they used 1205)
 
 
@@ -638,8 +593,6 @@ AB_RUNS = {
                  "read from, bf16 and fp16 x", held_out_ab),
     "k_parts_many": ("four and eight K parts a row against the dispatched config, 1, 2 and 4 tokens",
                      k_parts_many_sweep),
-    "scale_pairs": ("NVFP4: steps two at a time with one scale load a row a pair, against the dispatched config, "
-                    "1-16 tokens", scale_pairs_ab),
     "register_partitions": ("splits chosen with the register file's sub-partitions counted (kernels.resident_ctas) "
                             "against the whole file (dispatch.ctas_per_sm), 1-16 tokens, bf16 and fp16 x, the bench "
                             "shapes and 40 drawn ones",

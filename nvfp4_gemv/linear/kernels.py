@@ -565,8 +565,6 @@ def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_globa
     fields = {"sf_dtype": _SF_DTYPES[scale_dtype], **override}
     cfg = config_for(m, n, k, fmt, scale_layout, _X_DTYPES[x_dtype], has_bias, has_global_scale,
                      sm_count(device.index), **fields)
-    if cfg.scale_pairs and k % (2 * STEP_K):
-        raise ValueError(f"scale_pairs reads 256-K pairs of steps: K must be a multiple of {2 * STEP_K}, got {k}")
     if cfg.block_columns:
         cls, kind = LinearW4A16Columns, "columns"
     elif cfg.x_fragments:
