@@ -84,6 +84,7 @@ class LinearW4A16Config:
     block_columns: bool = False  # LinearW4A16Columns: x prepared as f16, block scales after the MMA, 2 tokens a CTA
     x_fragments: bool = False  # LinearW4A16Fragments: x prepared in fragment order, a warp's x load 512 contiguous bytes
     mx_fold: bool = False  # MXFP4: the scale fold (MX_FOLD) on the steps whose scales fit it; False: the general path
+    w_l2_prefetch: int = 0  # 0, 64, 128 or 256: W's loads with `.L2::<n>B` (the L2 fetches that much on a miss)
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -111,6 +112,8 @@ class LinearW4A16Config:
                              f"got {self}")
         if self.mx_fold and (self.fmt != "mxfp4" or self.block_columns):
             raise ValueError(f"mx_fold is MXFP4's scale fold in the default kernel, got {self}")
+        if self.w_l2_prefetch not in (0, 64, 128, 256):
+            raise ValueError(f"w_l2_prefetch must be 0, 64, 128 or 256, got {self.w_l2_prefetch}")
         if self.block_columns and self.x_fragments:
             raise ValueError("block_columns prepares x its own way; x_fragments is for the default kernel")
         if self.m_major and self.k_splits > 1:
@@ -553,7 +556,10 @@ class LinearW4A16:
                 (self.x_chunk(x_rows[t], c, xq, v), cute.local_tile(rX[None, t], (4,), (v,)), False)
                 for t in range(cfg.token_tiles) for v in range(4)
             ]
-            atom_w = load_atom(Uint32, 128, l1_no_allocate=True)
+            hints = {}
+            if const_expr(cfg.w_l2_prefetch):
+                hints["l2_prefetch_size"] = getattr(cute.nvgpu.L2PrefetchSize, f"SIZE_{cfg.w_l2_prefetch}B")
+            atom_w = load_atom(Uint32, 128, l1_no_allocate=True, **hints)
             atom_x = load_atom(Uint32, 128)
             for src, dst, is_w in chunks:
                 cute.copy(atom_w if is_w else atom_x, src, dst)
