@@ -447,17 +447,17 @@ def k_parts_many_sweep(shapes=SHAPES, formats=("nvfp4",), csv_path=None, log=pri
     return rows
 
 
-def w_l2_prefetch_ab(size=256, shapes=SHAPES, tokens=(1, 4, 8, 16), formats=FORMATS, rounds=2, csv_path=None,
+def w_l2_prefetch_ab(size=128, shapes=SHAPES, tokens=(1, 4, 8, 16), formats=FORMATS, rounds=2, csv_path=None,
                      log=print):
-    """µs per call of the dispatched config (before) against the same config with W's loads `.L2::<size>B` (now),
-    alternately `rounds` times, the best of each, bf16 x; with the read of the same bytes. Block columns (their own
-    loads) are skipped."""
+    """µs per call of the dispatched split with W's loads plain (before) and `.L2::<size>B` (now), alternately
+    `rounds` times, the best of each, bf16 x; with the read of the same bytes: the data behind
+    `kernels.W_L2_PREFETCH`. Block columns (their own loads) are skipped."""
     import dataclasses
 
     def pair(m, n, k, fmt, xd, dispatched):
         if dispatched.block_columns:
             return None
-        return dispatched, dataclasses.replace(dispatched, w_l2_prefetch=size)
+        return (dataclasses.replace(dispatched, w_l2_prefetch=0), dataclasses.replace(dispatched, w_l2_prefetch=size))
 
     return _rule_ab(shapes, tokens, formats, (torch.bfloat16,), rounds, pair, csv_path, log)
 
@@ -609,7 +609,7 @@ AB_RUNS = {
                  "read from, bf16 and fp16 x", held_out_ab),
     "k_parts_many": ("four and eight K parts a row against the dispatched config, 1, 2 and 4 tokens",
                      k_parts_many_sweep),
-    "w_l2_prefetch": ("W's loads with .L2::256B against without, 1-16 tokens", w_l2_prefetch_ab),
+    "w_l2_prefetch": ("W's loads with .L2::128B against without, 1-16 tokens", w_l2_prefetch_ab),
     "register_partitions": ("splits chosen with the register file's sub-partitions counted (kernels.resident_ctas) "
                             "against the whole file (dispatch.ctas_per_sm), 1-16 tokens, bf16 and fp16 x, the bench "
                             "shapes and 40 drawn ones",

@@ -333,6 +333,13 @@ def token_tiles_for(m: int, n: int, k: int, x_dtype: str = "", fragments: bool =
 # W from DRAM once per token tile. Graph-timed on the H200 (docs/linear_h200_many_tokens.csv, M = 33-127): 6-17 %
 # faster on 8192 x 28672 and 28672 x 4096 (117 and 59 MB), equal or up to 8 % slower on W of 29 MB and less, which
 # the 50 MB L2 holds either way.
+# W's loads ask the L2 for the whole 128-byte line on a miss (`.L2::128B`): with one K part a warp's load instruction
+# takes 64 bytes of each of 8 rows, half a line, and the other half is the next k-warp's; fetched together they
+# come in one DRAM access. Measured on an H100 (`nvfp4-gemv ab w_l2_prefetch`, 92 points; BENCHMARKS.md, "W's loads
+# with an L2 fetch size"): 0.983 of the time on geomean with 128 B, 0.985 with 256 B, 0.97-0.98 at 1, 8 and 16
+# tokens, even at 4 (two K parts, whole lines already).
+W_L2_PREFETCH = 128
+
 M_MAJOR_MIN_WEIGHT_BYTES = 48 << 20
 
 
@@ -537,7 +544,7 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     m_major = not columns and splits == 1 and m_major_for(m, n, k, 16 // parts * override.get("groups", groups))
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap,
-               k_splits=splits, m_major=m_major, k_parts=parts,
+               k_splits=splits, m_major=m_major, k_parts=parts, w_l2_prefetch=0 if columns else W_L2_PREFETCH,
                acc_sets=1 if columns else acc_sets_for(override.get("groups", groups), token_tiles, fmt, x_dtype))
     cfg.update(override)
     if fold and not cfg["max_registers"] and cfg["k_splits"] == 1:
