@@ -383,6 +383,14 @@ def e8m0_to_bf16x2(s, *, loc=None, ip=None) -> Uint32:
     )
 
 
+def w_load_atom(cfg: LinearW4A16Config):
+    """The copy atom of W's 16-byte loads: past L1 (read once), and with `.L2::<n>B` where cfg.w_l2_prefetch says."""
+    hints = {}
+    if cfg.w_l2_prefetch:
+        hints["l2_prefetch_size"] = getattr(cute.nvgpu.L2PrefetchSize, f"SIZE_{cfg.w_l2_prefetch}B")
+    return load_atom(Uint32, 128, l1_no_allocate=True, **hints)
+
+
 def fake_weight_operands(n, sf_kind: str, sf_dtype: str):
     """Fake W (N, K/2) bytes and its scales (plain (N, K/16 or K/32), or the padded 128x4-atom buffer) as the
     kernels that read checkpoint weights are compiled on: dynamic sizes, 16-byte aligned."""
@@ -556,10 +564,7 @@ class LinearW4A16:
                 (self.x_chunk(x_rows[t], c, xq, v), cute.local_tile(rX[None, t], (4,), (v,)), False)
                 for t in range(cfg.token_tiles) for v in range(4)
             ]
-            hints = {}
-            if const_expr(cfg.w_l2_prefetch):
-                hints["l2_prefetch_size"] = getattr(cute.nvgpu.L2PrefetchSize, f"SIZE_{cfg.w_l2_prefetch}B")
-            atom_w = load_atom(Uint32, 128, l1_no_allocate=True, **hints)
+            atom_w = w_load_atom(cfg)
             atom_x = load_atom(Uint32, 128)
             for src, dst, is_w in chunks:
                 cute.copy(atom_w if is_w else atom_x, src, dst)

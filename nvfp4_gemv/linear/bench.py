@@ -451,12 +451,10 @@ def w_l2_prefetch_ab(size=128, shapes=SHAPES, tokens=(1, 4, 8, 16), formats=FORM
                      log=print):
     """µs per call of the dispatched split with W's loads plain (before) and `.L2::<size>B` (now), alternately
     `rounds` times, the best of each, bf16 x; with the read of the same bytes: the data behind
-    `kernels.W_L2_PREFETCH`. Block columns (their own loads) are skipped."""
+    `kernels.W_L2_PREFETCH`."""
     import dataclasses
 
     def pair(m, n, k, fmt, xd, dispatched):
-        if dispatched.block_columns:
-            return None
         return (dataclasses.replace(dispatched, w_l2_prefetch=0), dataclasses.replace(dispatched, w_l2_prefetch=size))
 
     return _rule_ab(shapes, tokens, formats, (torch.bfloat16,), rounds, pair, csv_path, log)

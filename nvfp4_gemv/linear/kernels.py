@@ -544,7 +544,7 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     m_major = not columns and splits == 1 and m_major_for(m, n, k, 16 // parts * override.get("groups", groups))
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap,
-               k_splits=splits, m_major=m_major, k_parts=parts, w_l2_prefetch=0 if columns else W_L2_PREFETCH,
+               k_splits=splits, m_major=m_major, k_parts=parts, w_l2_prefetch=W_L2_PREFETCH,
                acc_sets=1 if columns else acc_sets_for(override.get("groups", groups), token_tiles, fmt, x_dtype))
     cfg.update(override)
     if fold and not cfg["max_registers"] and cfg["k_splits"] == 1:
