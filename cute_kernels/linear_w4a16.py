@@ -85,7 +85,6 @@ class LinearW4A16Config:
     x_fragments: bool = False  # LinearW4A16Fragments: x prepared in fragment order, a warp's x load 512 contiguous bytes
     mx_fold: bool = False  # MXFP4: the scale fold (MX_FOLD) on the steps whose scales fit it; False: the general path
     w_l2_prefetch: int = 0  # 0, 64, 128 or 256: W's loads with `.L2::<n>B` (the L2 fetches that much on a miss)
-    sf_l2_prefetch: int = 0  # the same for the block-scale loads
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -113,8 +112,8 @@ class LinearW4A16Config:
                              f"got {self}")
         if self.mx_fold and (self.fmt != "mxfp4" or self.block_columns):
             raise ValueError(f"mx_fold is MXFP4's scale fold in the default kernel, got {self}")
-        if self.w_l2_prefetch not in (0, 64, 128, 256) or self.sf_l2_prefetch not in (0, 64, 128, 256):
-            raise ValueError(f"w_l2_prefetch and sf_l2_prefetch must be 0, 64, 128 or 256, got {self}")
+        if self.w_l2_prefetch not in (0, 64, 128, 256):
+            raise ValueError(f"w_l2_prefetch must be 0, 64, 128 or 256, got {self.w_l2_prefetch}")
         if self.block_columns and self.x_fragments:
             raise ValueError("block_columns prepares x its own way; x_fragments is for the default kernel")
         if self.m_major and self.k_splits > 1:
@@ -263,14 +262,12 @@ def split_f16x2_to_bf16x2(h2, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def ld_global_nc(addr, bits: int, l2_prefetch: int = 0, *, loc=None, ip=None) -> Uint32:
-    """`ld.global.nc.u8` / `.u16` at a byte address, zero-extended (a block scale or two); with `.L2::<n>B` where
-    `l2_prefetch` is n."""
-    hint = f".L2::{l2_prefetch}B" if l2_prefetch else ""
+def ld_global_nc(addr, bits: int, *, loc=None, ip=None) -> Uint32:
+    """`ld.global.nc.u8` / `.u16` at a byte address, zero-extended (a block scale or two)."""
     return Uint32(
         inline_ptx(
             T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)],
-            f"{{\n\t.reg .b16 s;\n\tld.global.nc{hint}.u{bits} s, [$1];\n\tcvt.u32.u16 $0, s;\n\t}}", "=r,l",
+            f"{{\n\t.reg .b16 s;\n\tld.global.nc.u{bits} s, [$1];\n\tcvt.u32.u16 $0, s;\n\t}}", "=r,l",
             loc=loc, ip=ip,
         )
     )  # fmt: skip
@@ -547,7 +544,7 @@ class LinearW4A16:
         for g in cutlass.range_constexpr(cfg.groups):
             for h in cutlass.range_constexpr(2):
                 addr = sf_address(sf, cfg.fmt, rows[g, h], col)
-                rS[h, g] = ld_global_nc(addr, 16 if cfg.fmt == "nvfp4" else 8, cfg.sf_l2_prefetch)
+                rS[h, g] = ld_global_nc(addr, 16 if cfg.fmt == "nvfp4" else 8)
 
     @cute.jit
     def load_step(self, regs, x_words, w_words, sf, s, rows, toks, c, live):

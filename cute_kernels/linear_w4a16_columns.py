@@ -67,11 +67,10 @@ def f32x2_to_f16x2(lo, hi) -> Uint32:
 
 
 @dsl_user_op
-def ld_global_nc_u32(addr, l2_prefetch: int = 0, *, loc=None, ip=None) -> Uint32:
-    """`ld.global.nc.u32` at a byte address (four block scales); with `.L2::<n>B` where `l2_prefetch` is n."""
-    hint = f".L2::{l2_prefetch}B" if l2_prefetch else ""
-    return Uint32(inline_ptx(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)], f"ld.global.nc{hint}.u32 $0, [$1];",
-                             "=r,l", loc=loc, ip=ip))
+def ld_global_nc_u32(addr, *, loc=None, ip=None) -> Uint32:
+    """`ld.global.nc.u32` at a byte address (four block scales)."""
+    return Uint32(inline_ptx(T.i32(), [Int64(addr).ir_value(loc=loc, ip=ip)], "ld.global.nc.u32 $0, [$1];", "=r,l",
+                             loc=loc, ip=ip))
 
 
 def e8m0_to_f32(s) -> Float32:
@@ -198,10 +197,10 @@ class LinearW4A16Columns(LinearW4A16):
                 if live_sf:
                     if const_expr(cfg.fmt == "nvfp4"):
                         col = s * (STEP_K // SF_VEC) + 4 * (c % 2)
-                        rS[h, g] = ld_global_nc_u32(sf_address(sf, cfg.fmt, rows[g, h], col), cfg.sf_l2_prefetch)
+                        rS[h, g] = ld_global_nc_u32(sf_address(sf, cfg.fmt, rows[g, h], col))
                     else:
                         col = s * (STEP_K // MX_VEC) + 2 * (c % 2)
-                        rS[h, g] = ld_global_nc(sf_address(sf, cfg.fmt, rows[g, h], col), 16, cfg.sf_l2_prefetch)
+                        rS[h, g] = ld_global_nc(sf_address(sf, cfg.fmt, rows[g, h], col), 16)
                 else:
                     rS[h, g] = Uint32(0x38383838 if cfg.fmt == "nvfp4" else 0x7F7F)  # finite: the codes are zero
 

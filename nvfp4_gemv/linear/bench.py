@@ -156,7 +156,7 @@ def _ab_fields(cfg) -> dict:
     """A config's split as an override of every field the launcher chooses (so config_for keeps it as it is)."""
     return {f: getattr(cfg, f) for f in ("groups", "k_warps", "max_registers", "k_splits", "k_parts", "token_tiles",
                                          "x_fragments", "block_columns", "acc_sets", "m_major", "mx_fold",
-                                         "w_l2_prefetch", "sf_l2_prefetch")}
+                                         "w_l2_prefetch")}
 
 
 def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), rounds=2, csv_path=None, log=print):
@@ -460,19 +460,6 @@ def w_l2_prefetch_ab(size=128, shapes=SHAPES, tokens=(1, 4, 8, 16), formats=FORM
     return _rule_ab(shapes, tokens, formats, (torch.bfloat16,), rounds, pair, csv_path, log)
 
 
-def sf_l2_prefetch_ab(size=128, shapes=SHAPES, tokens=(1, 4, 8, 16), formats=FORMATS, rounds=2, csv_path=None,
-                      log=print):
-    """µs per call of the dispatched config with the block-scale loads plain (before) and `.L2::<size>B` (now),
-    alternately `rounds` times, the best of each, bf16 x; with the read of the same bytes."""
-    import dataclasses
-
-    def pair(m, n, k, fmt, xd, dispatched):
-        return (dataclasses.replace(dispatched, sf_l2_prefetch=0),
-                dataclasses.replace(dispatched, sf_l2_prefetch=size))
-
-    return _rule_ab(shapes, tokens, formats, (torch.bfloat16,), rounds, pair, csv_path, log)
-
-
 HELD_OUT_SEED = 1207  # none of the rules' A/B runs drew from it (they used 1205)
 
 
@@ -621,7 +608,6 @@ AB_RUNS = {
     "k_parts_many": ("four and eight K parts a row against the dispatched config, 1, 2 and 4 tokens",
                      k_parts_many_sweep),
     "w_l2_prefetch": ("W's loads with .L2::128B against without, 1-16 tokens", w_l2_prefetch_ab),
-    "sf_l2_prefetch": ("the block-scale loads with .L2::128B against without, 1-16 tokens", sf_l2_prefetch_ab),
     "register_partitions": ("splits chosen with the register file's sub-partitions counted (kernels.resident_ctas) "
                             "against the whole file (dispatch.ctas_per_sm), 1-16 tokens, bf16 and fp16 x, the bench "
                             "shapes and 40 drawn ones",
