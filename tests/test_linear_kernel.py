@@ -29,6 +29,8 @@ PTX_CASES = [
     dict(fmt="mxfp4", x_dtype="fp16", token_tiles=2, groups=2, k_warps=2, acc_sets=2),
     dict(fmt="nvfp4", x_dtype="bf16", k_parts=8, groups=2, k_warps=2, global_scale=True),
     dict(fmt="mxfp4", x_dtype="fp16", k_parts=4, token_tiles=2, groups=2, k_warps=4, mx_fold=True),
+    dict(fmt="nvfp4", x_dtype="bf16", w_l2_prefetch=128),
+    dict(fmt="mxfp4", x_dtype="fp16", mx_fold=True, w_l2_prefetch=256),
 ]
 
 
@@ -64,8 +66,11 @@ def test_ptx_facts(ptx, kw, arch):
     if cfg.split_x and cfg.mx_fold:
         n_bf16 = text.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
         assert n_bf16 > 0 and n_bf16 % (2 * 8 * cfg.groups * cfg.token_tiles) == 0
-    # W streams once: 16-byte loads that skip L1.
-    assert "ld.global.L1::no_allocate.v4" in text
+    # W streams once: 16-byte loads that skip L1, asking the L2 for w_l2_prefetch bytes on a miss where it is set;
+    # nothing else takes that qualifier.
+    hint = f".L2::{cfg.w_l2_prefetch}B" if cfg.w_l2_prefetch else ""
+    assert f"ld.global.L1::no_allocate{hint}.v4" in text
+    assert text.count(".L2::") == (text.count("ld.global.L1::no_allocate") if hint else 0)
     # A register cap reaches ptxas as the minimum CTAs per SM.
     if cfg.max_registers:
         assert f".minnctapersm {cfg.min_ctas_per_sm()}" in text

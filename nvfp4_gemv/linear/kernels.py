@@ -328,18 +328,19 @@ def token_tiles_for(m: int, n: int, k: int, x_dtype: str = "", fragments: bool =
     return 2
 
 
+# W's loads ask the L2 for the whole 128-byte line on a miss (`.L2::128B`): with one K part a warp's load instruction
+# takes 64 bytes of each of 8 rows, half a line, and the other half is the next k-warp's; fetched together they
+# come in one DRAM access. Measured on an H100, not yet on an H200 (`nvfp4-gemv ab w_l2_prefetch`, 96 points;
+# BENCHMARKS.md, "W's loads with an L2 fetch size"): 0.982 of the time on geomean, 0.97-0.98 at 1, 8 and 16 tokens,
+# the same as without at 4 (two K parts read whole lines already); 256 B no better.
+W_L2_PREFETCH = 128
+
+
 # From 33 tokens (three 16-token tiles) on a W larger than this, the grid runs token tiles fastest (m_major), so the
 # CTAs that read the same rows of W run together and share them through the L2, where row tiles first would stream
 # W from DRAM once per token tile. Graph-timed on the H200 (docs/linear_h200_many_tokens.csv, M = 33-127): 6-17 %
 # faster on 8192 x 28672 and 28672 x 4096 (117 and 59 MB), equal or up to 8 % slower on W of 29 MB and less, which
 # the 50 MB L2 holds either way.
-# W's loads ask the L2 for the whole 128-byte line on a miss (`.L2::128B`): with one K part a warp's load instruction
-# takes 64 bytes of each of 8 rows, half a line, and the other half is the next k-warp's; fetched together they
-# come in one DRAM access. Measured on an H100 (`nvfp4-gemv ab w_l2_prefetch`, 92 points; BENCHMARKS.md, "W's loads
-# with an L2 fetch size"): 0.983 of the time on geomean with 128 B, 0.985 with 256 B, 0.97-0.98 at 1, 8 and 16
-# tokens, even at 4 (two K parts, whole lines already).
-W_L2_PREFETCH = 128
-
 M_MAJOR_MIN_WEIGHT_BYTES = 48 << 20
 
 
