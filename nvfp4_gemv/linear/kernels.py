@@ -330,9 +330,9 @@ def token_tiles_for(m: int, n: int, k: int, x_dtype: str = "", fragments: bool =
 
 # W's loads ask the L2 for the whole 128-byte line on a miss (`.L2::128B`): with one K part a warp's load instruction
 # takes 64 bytes of each of 8 rows, half a line, and the other half is the next k-warp's; fetched together they
-# come in one DRAM access. Measured on an H100, not yet on an H200 (`nvfp4-gemv ab w_l2_prefetch`, 96 points;
-# BENCHMARKS.md, "W's loads with an L2 fetch size"): 0.982 of the time on geomean, 0.97-0.98 at 1, 8 and 16 tokens,
-# the same as without at 4 (two K parts read whole lines already); 256 B no better.
+# come in one DRAM access. `nvfp4-gemv ab w_l2_prefetch` (BENCHMARKS.md, "W's loads with an L2 fetch size"): on the
+# H200 0.978 of the time on geomean over 72 points at 1, 8 and 16 tokens (none slower by more than 1 %); on an H100
+# 0.982 over 96, the same as without at 4 tokens (two K parts read whole lines already); 256 B no better.
 W_L2_PREFETCH = 128
 
 
