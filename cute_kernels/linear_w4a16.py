@@ -82,7 +82,7 @@ class LinearW4A16Config:
     k_parts: int = 1  # P > 1: each weight row on P MMA rows, P 128-K parts of a (P·128)-K step, 8 / P tokens a tile
     acc_sets: int = 1  # 2: a step's MMAs alternate between two accumulator sets (two chains of 4, not one of 8)
     block_columns: bool = False  # LinearW4A16Columns: x prepared as f16, block scales after the MMA, 2 tokens a CTA
-    x_fragments: bool = False  # LinearW4A16Fragments: x prepared in fragment order, a warp's x load 512 contiguous bytes
+    x_fragments: bool = False  # LinearW4A16Fragments: x prepared in fragment order, a warp's x load 512 bytes in a row
     mx_fold: bool = False  # MXFP4: the scale fold (MX_FOLD) on the steps whose scales fit it; False: the general path
     w_l2_prefetch: int = 0  # 0, 64, 128 or 256: W's loads with `.L2::<n>B` (the L2 fetches that much on a miss)
 
