@@ -349,12 +349,6 @@ def mx_fold_multiplier(s, dtype: str) -> Uint32:
     return Uint32(s) * Uint32(k) + Uint32((offset * k) & 0xFFFFFFFF)
 
 
-def mx_fold_fits(s, dtype: str):
-    """Whether the e8m0 scale s is in MX_FOLD's range for `dtype` (one unsigned compare)."""
-    _, _, least, most = MX_FOLD[dtype]
-    return Uint32(s) - Uint32(least) <= Uint32(most - least)
-
-
 @dsl_user_op
 def f16x2_to_bf16x2_times_64(h2, *, loc=None, ip=None) -> Uint32:
     """An f16 pair (placed codes, code · 2^-6) as the bf16 pair of the codes: exact (a code has 2 significant bits)."""
@@ -591,27 +585,6 @@ class LinearW4A16:
         return cute.local_tile(x_row, (4,), (xq // 4 + v,))
 
     @cute.jit
-    def fold_fits(self, regs):
-        """MXFP4: whether every scale of this warp's loaded step is in MX_FOLD's range (a warp vote)."""
-        scales = [regs[2][h, g] for g in range(self.cfg.groups) for h in range(2)]
-        fits = mx_fold_fits(scales[0], self.cfg.mma_dtype)
-        for s in scales[1:]:
-            fits = fits & mx_fold_fits(s, self.cfg.mma_dtype)
-        return cute.arch.vote_all_sync(fits)
-
-    @cute.jit
-    def compute(self, regs, accs):
-        """compute_step on one loaded step: for MXFP4 with the scale fold where every scale of the warp's step fits it,
-        else the general path."""
-        if const_expr(self.cfg.mx_fold):
-            if self.fold_fits(regs):
-                self.compute_step(regs, accs, True)
-            else:
-                self.compute_step(regs, accs, False)
-        else:
-            self.compute_step(regs, accs, False)
-
-    @cute.jit
     def compute_step(self, regs, accs, fold: bool):
         """Decode and multiply one loaded step; MMA i of the step adds into accumulator set i % acc_sets. `fold`
         (MXFP4): every scale of the step is in MX_FOLD's range; else MXFP4 takes the general path (bf16 MMAs)."""
@@ -697,43 +670,62 @@ class LinearW4A16:
         # in flight), a per-thread cp.async ring of W in shared memory, a producer warp's bulk-copy ring, and L2
         # prefetches a few steps ahead were all slower on the H200: the loop's issue slots and the warps that stay
         # resident decide, not bytes in flight (BENCHMARKS.md, "The W4A16 linear").
-        first = 0
+        args = (x_words, w_words, sf, rows, toks, c, kq, k_lanes, part, n_full, my_steps, k)
         if const_expr(cfg.mx_fold):
-            # MXFP4: steps with the scale fold (MX_FOLD) while every scale of the warp's step fits it. The first step
-            # that does not ends this loop; it is computed on the general path as loaded, and the loop below takes
-            # the rest on the general path. (Both paths in one loop body took 97 registers at one group and token
-            # tile, not 64: ptxas keeps both paths' values live.)
-            first = Int32(0)
-            folding = Int32(1)
-            fold_regs = self.make_regs()
-            while first < my_steps and folding != 0:
-                self.load_step(fold_regs, x_words, w_words, sf, (kq + first * k_lanes) * kp + part, rows, toks, c,
-                               True)
-                if self.fold_fits(fold_regs):
-                    self.compute_step(fold_regs, accs, True)
-                    first = first + 1
-                else:
-                    folding = Int32(0)
-            if folding == 0:  # the step that left the fold, loaded already
-                self.compute_step(fold_regs, accs, False)
-                first = first + 1
-        for st in cutlass.range(first, my_steps, unroll=cfg.unroll):
-            step_regs = self.make_regs()
-            self.load_step(step_regs, x_words, w_words, sf, (kq + st * k_lanes) * kp + part, rows, toks, c, True)
-            self.compute_step(step_regs, accs, False)
-        if k % cfg.step_k != 0:
-            # The last partial step (64 K elements, or with two parts 64, 128 or 192): a lane whose 32 codes lie
-            # past K multiplies zeros.
-            if kq == n_full % k_lanes:
-                regs = self.make_regs()
-                s_last = n_full * kp + part
-                self.load_step(regs, x_words, w_words, sf, s_last, rows, toks, c, s_last * STEP_K + 32 * c < k)
-                self.compute(regs, accs)
+            # MXFP4: every step with the scale fold (MX_FOLD), keeping the largest distance of a scale from the fold's
+            # range; if any scale of the warp's K left it, the fold's sums are dropped and the warp's K is done again
+            # on the general path, which gives the same products (exact either way) in the same order. So a call is
+            # exact whatever its scales, and checkpoint-like scales pay one compare a scale and a vote a warp. (A vote
+            # a step that leaves the fold at the first failing step kept 64 registers where this keeps 48-49: the
+            # two paths of one loop stay live together.)
+            worst = self.k_loop(accs, args, True)
+            _, _, least, most = MX_FOLD[cfg.mma_dtype]
+            if cute.arch.vote_any_sync(worst > Uint32(most - least)):
+                for a in accs:
+                    a.fill(0.0)
+                self.k_loop(accs, args, False)
+        else:
+            self.k_loop(accs, args, False)
         if const_expr(cfg.acc_sets == 2):
             for i in cutlass.range_constexpr(4 * cfg.groups * cfg.token_tiles):
                 acc[i] = acc[i] + accs[1][i]
 
         self.sum_and_store(acc, red, cta_sums, lane, warp, wr, wk, split, (mGS, row0, r, c, bidy, mY, mBias, m, n))
+
+    @cute.jit
+    def k_loop(self, accs, args, fold: bool):
+        """This warp's steps (every k_lanes-th full step from kq, then the last partial step) into accs; with `fold`
+        (MXFP4) on the scale fold, returning the largest e8m0 byte's distance above the fold's least (unsigned: a
+        byte below it is far), else 0."""
+        cfg = self.cfg
+        x_words, w_words, sf, rows, toks, c, kq, k_lanes, part, n_full, my_steps, k = args
+        kp = cfg.k_parts
+        least = MX_FOLD[cfg.mma_dtype][2] if fold else 0
+        worst = Uint32(0)
+        for st in cutlass.range(0, my_steps, unroll=cfg.unroll):
+            step_regs = self.make_regs()
+            self.load_step(step_regs, x_words, w_words, sf, (kq + st * k_lanes) * kp + part, rows, toks, c, True)
+            self.compute_step(step_regs, accs, fold)
+            if const_expr(fold):
+                worst = self.scale_distance(worst, step_regs, least)
+        if k % cfg.step_k != 0:
+            # The last partial step (64 K elements, or with two parts 64, 128 or 192): a lane whose 32 codes lie
+            # past K multiplies zeros (and holds scale 2^0, in the fold's range).
+            if kq == n_full % k_lanes:
+                regs = self.make_regs()
+                s_last = n_full * kp + part
+                self.load_step(regs, x_words, w_words, sf, s_last, rows, toks, c, s_last * STEP_K + 32 * c < k)
+                self.compute_step(regs, accs, fold)
+                if const_expr(fold):
+                    worst = self.scale_distance(worst, regs, least)
+        return worst
+
+    def scale_distance(self, worst, regs, least: int):
+        """worst, or the distance above `least` of a scale byte of this loaded step where that is larger (unsigned)."""
+        for g in range(self.cfg.groups):
+            for h in range(2):
+                worst = cutlass.max(worst, Uint32(regs[2][h, g]) - Uint32(least))
+        return worst
 
     def coordinates(self):
         """Where this thread works: (row tile, token tile, rank in the cluster, lane, warp, row-warp, k-warp, this

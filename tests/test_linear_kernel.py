@@ -60,9 +60,11 @@ def test_ptx_facts(ptx, kw, arch):
     # Tensor cores fed from registers; one MMA per (8 codes x 2 rows) per token tile.
     n_mma = text.count(mma)
     assert n_mma % (8 * cfg.groups * cfg.token_tiles) == 0 and n_mma > 0
-    # MXFP4: steps whose scales fit the scale fold (a warp vote) and the general path, both in the kernel; with fp16
-    # x the general path's MMAs are bf16, x as hi + lo (twice the MMAs).
-    assert ("vote.sync.all" in text) == (cfg.fmt == "mxfp4" and cfg.mx_fold)
+    # MXFP4: the warp's K on the scale fold, and again on the general path where a warp vote finds a scale outside
+    # the fold's range, both in the kernel; with fp16 x the general path's MMAs are bf16, x as hi + lo (twice the
+    # MMAs).
+    assert ("vote.sync.any" in text) == (cfg.fmt == "mxfp4" and cfg.mx_fold)
+    assert "vote.sync.all" not in text
     if cfg.split_x and cfg.mx_fold:
         n_bf16 = text.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
         assert n_bf16 > 0 and n_bf16 % (2 * 8 * cfg.groups * cfg.token_tiles) == 0

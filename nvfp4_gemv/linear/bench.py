@@ -159,15 +159,23 @@ def _ab_fields(cfg) -> dict:
                                          "w_l2_prefetch")}
 
 
-def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), rounds=2, csv_path=None, log=print):
-    """µs per call of MXFP4 with fp16 x at every (shape, M, scale range): the dispatched config (the scale fold, its
-    registers capped by `kernels.mx_fold_cap`) against the same split on the general path (mx_fold False, uncapped),
-    alternately `rounds` times, the best of each; with the read of the same bytes: the data behind
-    `kernels.MX_FOLD_X_DTYPES`. `scales`: (least, most) e8m0 bytes, drawn uniformly; the default pair is what
-    checkpoints hold (2^-15 to 2^1) and the whole range (every warp's step leaves the fold)."""
+def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), rounds=2, csv_path=None, log=print,
+               x_dtype="fp16"):
+    """µs per call of MXFP4 with x_dtype x at every (shape, M, scale range): the dispatched config (the scale fold,
+    its registers capped by `kernels.mx_fold_cap`) against the same split on the general path (mx_fold False,
+    uncapped), alternately `rounds` times, the best of each; with the read of the same bytes: the data behind
+    `kernels.MX_FOLD_X_DTYPES` (which the run takes to hold x_dtype). `scales`: (least, most) e8m0 bytes, drawn
+    uniformly; the default pair is what checkpoints hold (2^-15 to 2^1) and the whole range (every warp leaves the
+    fold and does its K again on the general path)."""
+    with _kernels_patched(MX_FOLD_X_DTYPES=("fp16", "bf16")):
+        return _mx_fold_ab(shapes, tokens, scales, rounds, csv_path, log, x_dtype)
+
+
+def _mx_fold_ab(shapes, tokens, scales, rounds, csv_path, log, x_dtype):
     global MXFP4_SCALES
     from nvfp4_gemv.linear import kernels
 
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[x_dtype]
     rows, kept = [], MXFP4_SCALES
     try:
         for n, k in shapes:
@@ -175,7 +183,7 @@ def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), roun
             for drawn in scales:
                 MXFP4_SCALES = drawn  # random_weights draws from it
                 for m in tokens:
-                    cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "fp16", False, False)
+                    cfg = kernels.config_for(m, n, k, "mxfp4", "plain", x_dtype, False, False)
                     if not cfg.mx_fold:  # block columns
                         continue
                     fold = _ab_fields(cfg)
@@ -184,12 +192,12 @@ def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), roun
                     times = {"general": math.inf, "fold": math.inf}
                     for _ in range(rounds):
                         for name, ov in (("general", general), ("fold", fold)):
-                            times[name] = min(times[name], _time(lambda: ours(n, k, m, "mxfp4", torch.float16, **ov)))
-                    row = dict(n=n, k=k, m=m, x="fp16", scales=f"{MXFP4_SCALES[0]}-{MXFP4_SCALES[1]}",
+                            times[name] = min(times[name], _time(lambda: ours(n, k, m, "mxfp4", dtype, **ov)))
+                    row = dict(n=n, k=k, m=m, x=x_dtype, scales=f"{MXFP4_SCALES[0]}-{MXFP4_SCALES[1]}",
                                read_us=round(read, 3), general_us=round(times["general"], 3),
                                fold_us=round(times["fold"], 3),
                                fold_over_general=round(times["fold"] / times["general"], 4),
-                               config=kernels.describe(m, n, k, "mxfp4", torch.float16).split("MMA, ")[-1])
+                               config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1])
                     rows.append(row)
                     log(" ".join(f"{key}={val}" for key, val in row.items()))
     finally:
@@ -591,6 +599,8 @@ AB_RUNS = {
                                                     **kw)),
     "fragments_fp16": ("fp16 x's fragment register entry and cap against none", fragments_fp16_ab),
     "mx_fold": ("MXFP4's scale fold with fp16 x against the general path", mx_fold_ab),
+    "mx_fold_bf16": ("MXFP4's scale fold with bf16 x against the general path",
+                     lambda **kw: mx_fold_ab(x_dtype="bf16", **kw)),
     "one_group": ("16-token CTAs of one group and more warps against two groups under 18 warps an SM (the bench "
                   "shapes and 40 drawn ones)",
                   lambda **kw: one_group_ab(shapes=SHAPES + tuple(drawn_shapes(40, 1205)), **kw)),
