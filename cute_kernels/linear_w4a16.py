@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Boolean, Float32, Int32, Int64, Uint8, Uint32, const_expr
+from cutlass import Float32, Int32, Int64, Uint8, Uint32, const_expr
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -83,8 +83,9 @@ class LinearW4A16Config:
     acc_sets: int = 1  # 2: a step's MMAs alternate between two accumulator sets (two chains of 4, not one of 8)
     block_columns: bool = False  # LinearW4A16Columns: x prepared as f16, block scales after the MMA, 2 tokens a CTA
     x_fragments: bool = False  # LinearW4A16Fragments: x prepared in fragment order, a warp's x load 512 bytes in a row
-    mx_fold: bool = False  # MXFP4: K on the scale fold (MX_FOLD), again on the general path where a scale leaves it
-    mx_fold_vote: bool = False  # TEMPORARY A/B: the fold's earlier loop (a vote a step, general from the first miss)
+    mx_fold: bool = False  # MXFP4: the scale fold (MX_FOLD) on the steps whose scales fit it; False: the general path
+    mx_fold_redo: bool = False  # with mx_fold: every step on the fold, and the warp's K again on the general path where
+    # a scale left the fold's range (one vote after the loop), instead of a vote a step (LinearW4A16.kernel)
     w_l2_prefetch: int = 0  # 0, 64, 128 or 256: W's loads with `.L2::<n>B` (the L2 fetches that much on a miss)
 
     def __post_init__(self):
@@ -113,6 +114,8 @@ class LinearW4A16Config:
                              f"got {self}")
         if self.mx_fold and (self.fmt != "mxfp4" or self.block_columns):
             raise ValueError(f"mx_fold is MXFP4's scale fold in the default kernel, got {self}")
+        if self.mx_fold_redo and not self.mx_fold:
+            raise ValueError(f"mx_fold_redo is a way of taking the scale fold (mx_fold), got {self}")
         if self.w_l2_prefetch not in (0, 64, 128, 256):
             raise ValueError(f"w_l2_prefetch must be 0, 64, 128 or 256, got {self.w_l2_prefetch}")
         if self.block_columns and self.x_fragments:
@@ -127,8 +130,8 @@ class LinearW4A16Config:
     @property
     def mma_dtype(self) -> str:
         """The MMA's operand type, x's: fp16 x with NVFP4 stays f16 (code x scale <= 2688 is exact in f16); MXFP4's
-        power-of-two scales fit f16 only over part of their range, so a warp whose scales leave it (MX_FOLD) does its K
-        again as bf16 with x as an exact bf16 hi + lo pair (split_x)."""
+        power-of-two scales fit f16 only over part of their range, so a warp's step whose scales leave it (MX_FOLD)
+        goes as bf16 with x as an exact bf16 hi + lo pair (split_x)."""
         if self.block_columns:
             return "fp16"  # x prepared as f16 (LinearW4A16Columns)
         if self.fmt == "mxfp4" and not self.mx_fold:
@@ -337,21 +340,23 @@ F16_2_6 = 0x54005400  # 64.0 in both f16 halves
 # multiplier 2^(s - 127) times the inverse of that power of two, in the MMA's type, makes code · 2^(s - 127) in one
 # HMUL2 (exact): bf16 2^(s - 1) for s <= 128; f16 2^(s - 121) for 107 <= s <= 136 (scales 2^-20 to 2^9, the
 # multiplier a normal f16 and every code · scale exact in f16). mx_fold_multiplier makes it with one IMAD: the
-# exponent field s + offset in both halves. A warp with any scale outside does its K again on the general path (the
+# exponent field s + offset in both halves. A warp's step with any scale outside takes the general path (the
 # placed code times 2^126, then the scale, in bf16; with fp16 x, x as a bf16 hi + lo pair), whose products are the
-# same exact values (LinearW4A16.kernel).
+# same exact values.
 MX_FOLD = {"bf16": (126, 7, 0, 128), "fp16": (-106, 10, 107, 136)}  # (exponent offset, mantissa bits, least s, most s)
 
 
 def mx_fold_multiplier(s, dtype: str) -> Uint32:
-    """2^(s - 127) / (the placed code's power of two) in both halves of `dtype` for s in MX_FOLD's range, and
-    infinity for any other e8m0 byte: s - least, unsigned, is at most most - least in the range and larger outside
-    (below it too, wrapped), and most - least + 1 makes the exponent field all ones. So a scale the fold cannot take
-    leaves inf or NaN in the sums, never a finite wrong number (the kernel then redoes the warp's K)."""
-    offset, bits, least, most = MX_FOLD[dtype]
+    """2^(s - 127) / (the placed code's power of two) in both halves of `dtype`, for s in MX_FOLD's range."""
+    offset, bits, _, _ = MX_FOLD[dtype]
     k = (1 << bits) | (1 << (bits + 16))
-    d = cutlass.min(Uint32(s) - Uint32(least), Uint32(most - least + 1))
-    return d * Uint32(k) + Uint32(((offset + least) * k) & 0xFFFFFFFF)
+    return Uint32(s) * Uint32(k) + Uint32((offset * k) & 0xFFFFFFFF)
+
+
+def mx_fold_fits(s, dtype: str):
+    """Whether the e8m0 scale s is in MX_FOLD's range for `dtype` (one unsigned compare)."""
+    _, _, least, most = MX_FOLD[dtype]
+    return Uint32(s) - Uint32(least) <= Uint32(most - least)
 
 
 @dsl_user_op
@@ -590,10 +595,30 @@ class LinearW4A16:
         return cute.local_tile(x_row, (4,), (xq // 4 + v,))
 
     @cute.jit
+    def fold_fits(self, regs):
+        """MXFP4: whether every scale of this warp's loaded step is in MX_FOLD's range (a warp vote)."""
+        scales = [regs[2][h, g] for g in range(self.cfg.groups) for h in range(2)]
+        fits = mx_fold_fits(scales[0], self.cfg.mma_dtype)
+        for s in scales[1:]:
+            fits = fits & mx_fold_fits(s, self.cfg.mma_dtype)
+        return cute.arch.vote_all_sync(fits)
+
+    @cute.jit
+    def compute(self, regs, accs):
+        """compute_step on one loaded step: for MXFP4 with the scale fold where every scale of the warp's step fits it,
+        else the general path."""
+        if const_expr(self.cfg.mx_fold):
+            if self.fold_fits(regs):
+                self.compute_step(regs, accs, True)
+            else:
+                self.compute_step(regs, accs, False)
+        else:
+            self.compute_step(regs, accs, False)
+
+    @cute.jit
     def compute_step(self, regs, accs, fold: bool):
         """Decode and multiply one loaded step; MMA i of the step adds into accumulator set i % acc_sets. `fold`
-        (MXFP4): with MX_FOLD's multiplier (right where the step's scales are in its range); else MXFP4 takes the
-        general path (bf16 MMAs)."""
+        (MXFP4): every scale of the step is in MX_FOLD's range; else MXFP4 takes the general path (bf16 MMAs)."""
         cfg = self.cfg
         general = cfg.fmt == "mxfp4" and not fold
         mma_dt = "bf16" if general else cfg.mma_dtype
@@ -677,48 +702,40 @@ class LinearW4A16:
         # prefetches a few steps ahead were all slower on the H200: the loop's issue slots and the warps that stay
         # resident decide, not bytes in flight (BENCHMARKS.md, "The W4A16 linear").
         args = (x_words, w_words, sf, rows, toks, c, kq, k_lanes, part, n_full, my_steps, k)
-        if const_expr(cfg.mx_fold and cfg.mx_fold_vote):
-            first = Int32(0)
-            folding = Int32(1)
-            fold_regs = self.make_regs()
-            while first < my_steps and folding != 0:
-                self.load_step(fold_regs, x_words, w_words, sf, (kq + first * k_lanes) * kp + part, rows, toks, c,
-                               True)
-                if self.fold_fits_old(fold_regs):
-                    self.compute_step(fold_regs, accs, True)
-                    first = first + 1
-                else:
-                    folding = Int32(0)
-            if folding == 0:
-                self.compute_step(fold_regs, accs, False)
-                first = first + 1
-            for st in cutlass.range(first, my_steps, unroll=cfg.unroll):
-                step_regs = self.make_regs()
-                self.load_step(step_regs, x_words, w_words, sf, (kq + st * k_lanes) * kp + part, rows, toks, c, True)
-                self.compute_step(step_regs, accs, False)
-            if k % cfg.step_k != 0:
-                if kq == n_full % k_lanes:
-                    regs = self.make_regs()
-                    s_last = n_full * kp + part
-                    self.load_step(regs, x_words, w_words, sf, s_last, rows, toks, c, s_last * STEP_K + 32 * c < k)
-                    if self.fold_fits_old(regs):
-                        self.compute_step(regs, accs, True)
-                    else:
-                        self.compute_step(regs, accs, False)
-        elif const_expr(cfg.mx_fold):
-            # MXFP4: every step with the scale fold (MX_FOLD), keeping the largest distance of a scale from the fold's
-            # range; if any scale of the warp's K left it, the fold's sums are dropped and the warp's K is done again
-            # on the general path, which gives the same products (exact either way) in the same order. So a call is
-            # exact whatever its scales, and checkpoint-like scales pay one compare a scale and a vote a warp. (A vote
-            # a step that leaves the fold at the first failing step kept 64 registers where this keeps 48-49: the
-            # two paths of one loop stay live together.)
-            self.k_loop(accs, args, True)
-            if cute.arch.vote_any_sync(self.any_not_finite(accs)):
+        if const_expr(cfg.mx_fold_redo):
+            # MXFP4: every step on the scale fold, keeping the largest distance of a scale above the fold's least; if
+            # any scale of the warp's K left the range, the fold's sums are dropped and the warp's K is done again on
+            # the general path, which makes the same exact products in the same order. One compare a scale and one
+            # vote a warp where every scale fits (sm_90a, one group and tile: a loop of 187 instructions a step with
+            # bf16 x against the general 233, fp16 x 175 against 402; 62-65 registers), twice the work where not.
+            worst = self.k_loop(accs, args, "fold")
+            _, _, least, most = MX_FOLD[cfg.mma_dtype]
+            if cute.arch.vote_any_sync(worst > Uint32(most - least)):
                 for a in accs:
                     a.fill(0.0)
-                self.k_loop(accs, self.opaque_rows(args, lane), False)
+                self.k_loop(accs, args, "general")
         else:
-            self.k_loop(accs, args, False)
+            first = 0
+            if const_expr(cfg.mx_fold):
+                # MXFP4: steps with the scale fold (MX_FOLD) while every scale of the warp's step fits it. The first
+                # step that does not ends this loop; it is computed on the general path as loaded, and k_loop takes
+                # the rest on the general path. (Both paths in one loop body took 97 registers at one group and token
+                # tile, not 64: ptxas keeps both paths' values live.)
+                first = Int32(0)
+                folding = Int32(1)
+                fold_regs = self.make_regs()
+                while first < my_steps and folding != 0:
+                    self.load_step(fold_regs, x_words, w_words, sf, (kq + first * k_lanes) * kp + part, rows, toks,
+                                   c, True)
+                    if self.fold_fits(fold_regs):
+                        self.compute_step(fold_regs, accs, True)
+                        first = first + 1
+                    else:
+                        folding = Int32(0)
+                if folding == 0:  # the step that left the fold, loaded already
+                    self.compute_step(fold_regs, accs, False)
+                    first = first + 1
+            self.k_loop(accs, args, "vote" if cfg.mx_fold else "general", first)
         if const_expr(cfg.acc_sets == 2):
             for i in cutlass.range_constexpr(4 * cfg.groups * cfg.token_tiles):
                 acc[i] = acc[i] + accs[1][i]
@@ -726,17 +743,23 @@ class LinearW4A16:
         self.sum_and_store(acc, red, cta_sums, lane, warp, wr, wk, split, (mGS, row0, r, c, bidy, mY, mBias, m, n))
 
     @cute.jit
-    def k_loop(self, accs, args, fold: bool):
-        """This warp's steps (every k_lanes-th full step from kq, then the last partial step) into accs; with `fold`
-        (MXFP4) on the scale fold, returning the largest e8m0 byte's distance above the fold's least (unsigned: a
-        byte below it is far), else 0."""
+    def k_loop(self, accs, args, mode: str, first=0):
+        """This warp's full steps from its `first` (every k_lanes-th step of the K lane kq), then the last partial step,
+        into accs. `mode`: "general" (MXFP4's general path), "fold" (every step on MXFP4's scale fold, returning the
+        largest distance of a scale byte above the fold's least: unsigned, so a byte below it is far; else 0) or
+        "vote" (the full steps general, the partial step on the fold where its scales fit: `compute`)."""
         cfg = self.cfg
         x_words, w_words, sf, rows, toks, c, kq, k_lanes, part, n_full, my_steps, k = args
         kp = cfg.k_parts
-        for st in cutlass.range(0, my_steps, unroll=cfg.unroll):
+        fold = mode == "fold"
+        least = MX_FOLD[cfg.mma_dtype][2] if fold else 0
+        worst = Uint32(0)
+        for st in cutlass.range(first, my_steps, unroll=cfg.unroll):
             step_regs = self.make_regs()
             self.load_step(step_regs, x_words, w_words, sf, (kq + st * k_lanes) * kp + part, rows, toks, c, True)
             self.compute_step(step_regs, accs, fold)
+            if const_expr(fold):
+                worst = self.scale_distance(worst, step_regs, least)
         if k % cfg.step_k != 0:
             # The last partial step (64 K elements, or with two parts 64, 128 or 192): a lane whose 32 codes lie
             # past K multiplies zeros (and holds scale 2^0, in the fold's range).
@@ -744,37 +767,20 @@ class LinearW4A16:
                 regs = self.make_regs()
                 s_last = n_full * kp + part
                 self.load_step(regs, x_words, w_words, sf, s_last, rows, toks, c, s_last * STEP_K + 32 * c < k)
-                self.compute_step(regs, accs, fold)
+                if const_expr(mode == "vote"):
+                    self.compute(regs, accs)
+                else:
+                    self.compute_step(regs, accs, fold)
+                if const_expr(fold):
+                    worst = self.scale_distance(worst, regs, least)
+        return worst
 
-    def opaque_rows(self, args, lane):
-        """k_loop's arguments with the rows and tokens passed through a shuffle from the lane itself: the same values,
-        which ptxas cannot see are the same, so the redo's addresses are formed after the first loop instead of
-        held through it (with them held, the kernel took 62-64 registers where the fold's loop alone takes 48)."""
-        x_words, w_words, sf, rows, toks, *rest = args
-        rows2 = cute.make_rmem_tensor(rows.layout, Int32)
-        for i in range(cute.size(rows)):
-            rows2[i] = cute.arch.shuffle_sync(rows[i], lane)
-        toks2 = cute.make_rmem_tensor(toks.layout, Int32)
-        for i in range(cute.size(toks)):
-            toks2[i] = cute.arch.shuffle_sync(toks[i], lane)
-        return (x_words, w_words, sf, rows2, toks2, *rest)
-
-    def any_not_finite(self, accs):
-        """Whether any of this thread's sums is inf or NaN (v - v is 0 for finite v only)."""
-        bad = Boolean(False)
-        for a in accs:
-            for i in range(4 * self.cfg.groups * self.cfg.token_tiles):
-                bad = bad | (a[i] - a[i] != Float32(0.0))
-        return bad
-
-    @cute.jit
-    def fold_fits_old(self, regs):
-        _, _, least, most = MX_FOLD[self.cfg.mma_dtype]
-        scales = [regs[2][h, g] for g in range(self.cfg.groups) for h in range(2)]
-        fits = Uint32(scales[0]) - Uint32(least) <= Uint32(most - least)
-        for s in scales[1:]:
-            fits = fits & (Uint32(s) - Uint32(least) <= Uint32(most - least))
-        return cute.arch.vote_all_sync(fits)
+    def scale_distance(self, worst, regs, least: int):
+        """worst, or the distance above `least` of a scale byte of this loaded step where that is larger (unsigned)."""
+        for g in range(self.cfg.groups):
+            for h in range(2):
+                worst = cutlass.max(worst, Uint32(regs[2][h, g]) - Uint32(least))
+        return worst
 
     def coordinates(self):
         """Where this thread works: (row tile, token tile, rank in the cluster, lane, warp, row-warp, k-warp, this

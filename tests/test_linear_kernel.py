@@ -21,6 +21,8 @@ PTX_CASES = [
     dict(fmt="mxfp4", x_dtype="fp16"),
     dict(fmt="mxfp4", x_dtype="fp16", mx_fold=True),
     dict(fmt="mxfp4", x_dtype="bf16", mx_fold=True, token_tiles=2, groups=2, k_warps=4),
+    dict(fmt="mxfp4", x_dtype="bf16", mx_fold=True, mx_fold_redo=True),
+    dict(fmt="mxfp4", x_dtype="fp16", mx_fold=True, mx_fold_redo=True, k_parts=2),
     dict(fmt="nvfp4", x_dtype="bf16", max_registers=48),
     dict(fmt="nvfp4", x_dtype="bf16", sf_kind="permuted", token_tiles=2, k_warps=16, k_splits=8),
     dict(fmt="nvfp4", x_dtype="bf16", k_parts=2),
@@ -60,11 +62,11 @@ def test_ptx_facts(ptx, kw, arch):
     # Tensor cores fed from registers; one MMA per (8 codes x 2 rows) per token tile.
     n_mma = text.count(mma)
     assert n_mma % (8 * cfg.groups * cfg.token_tiles) == 0 and n_mma > 0
-    # MXFP4: the warp's K on the scale fold, and again on the general path where a warp vote finds a scale outside
-    # the fold's range, both in the kernel; with fp16 x the general path's MMAs are bf16, x as hi + lo (twice the
-    # MMAs).
-    assert ("vote.sync.any" in text) == (cfg.fmt == "mxfp4" and cfg.mx_fold)
-    assert "vote.sync.all" not in text
+    # MXFP4: steps whose scales fit the scale fold (a warp vote a step) and the general path, both in the kernel; or
+    # (mx_fold_redo) the warp's K on the fold and again on the general path where one vote after the loop finds a
+    # scale outside its range. With fp16 x the general path's MMAs are bf16, x as hi + lo (twice the MMAs).
+    assert ("vote.sync.all" in text) == (cfg.fmt == "mxfp4" and cfg.mx_fold and not cfg.mx_fold_redo)
+    assert ("vote.sync.any" in text) == cfg.mx_fold_redo
     if cfg.split_x and cfg.mx_fold:
         n_bf16 = text.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
         assert n_bf16 > 0 and n_bf16 % (2 * 8 * cfg.groups * cfg.token_tiles) == 0
@@ -512,7 +514,7 @@ def test_dispatched_configs_fit_the_resident_warp_model(tmp_path):
         capped_for_warps = c.max_registers in kernels.CAPS.values() or (c.mx_fold and c.max_registers)
         # MXFP4's fold holds the fold's loop first and the general one, which a warp runs only where a scale leaves
         # the fold's range, after it: its spills are paid on that path only (up to 54 under the fold's caps).
-        loops = spills[:1] if c.mx_fold else spills
+        loops = spills[:1] if c.mx_fold_redo else spills
         if max(loops) > (25 if capped_for_warps else 0) or max(spills) > 64:
             spilled.append((spills, c))
     assert not short, short
@@ -630,28 +632,46 @@ def test_config_for_token_tiles_and_describe():
 
 
 def test_mx_fold_rule():
-    """MXFP4 with fp16 x takes the scale fold (mx_fold_for), its registers capped at the resident-warp model's (one
-    group of one tile included: with two K parts or x in fragment order it takes 72-80 uncapped); bf16 x, NVFP4 and
-    block columns do not."""
+    """MXFP4 takes the scale fold (mx_fold_for): with fp16 x a vote a step, its registers capped at the resident-warp
+    model's (one group of one tile included: with two K parts or x in fragment order it takes 72-80 uncapped); with
+    bf16 x the whole K then a redo where a scale does not fit (mx_fold_redo), from 6 MB of codes and not under a
+    split's register cap below MX_FOLD_MIN_CAP. NVFP4 and block columns do not."""
     for m, n, k in [(1, 6144, 4096), (4, 6144, 4096), (16, 28672, 4096), (16, 4096, 14336), (1, 300, 4096),
                     (4, 8192, 28672), (4, 4096, 7168), (8, 8192, 28672)]:
         cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "fp16", False, False)
-        assert cfg.mx_fold and cfg.mma_dtype == "fp16" and cfg.split_x
+        assert cfg.mx_fold and not cfg.mx_fold_redo and cfg.mma_dtype == "fp16" and cfg.split_x
         if cfg.k_splits == 1:  # the fold's kernels are counted at REGISTERS, with x in fragment order too
             assert cfg.max_registers == kernels.REGISTERS[(cfg.groups, cfg.token_tiles)], cfg
-        assert "scale folded" in kernels.describe(m, n, k, "mxfp4", torch.float16)
-        for fmt, xd in (("mxfp4", "bf16"), ("nvfp4", "fp16")):
-            cfg = kernels.config_for(m, n, k, fmt, "plain", xd, False, False)
-            assert not cfg.mx_fold and cfg.mma_dtype == xd
+        assert "a step's scales fit" in kernels.describe(m, n, k, "mxfp4", torch.float16)
+        cfg = kernels.config_for(m, n, k, "nvfp4", "plain", "fp16", False, False)
+        assert not cfg.mx_fold and cfg.mma_dtype == "fp16"
+        cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "bf16", False, False)
+        large = n * k // 2 >= kernels.MX_FOLD_MIN_CODE_BYTES["bf16"]
+        assert cfg.mx_fold == cfg.mx_fold_redo == large and cfg.mma_dtype == "bf16", cfg
+        if large and cfg.k_splits == 1:
+            assert cfg.max_registers == kernels.REGISTERS[(cfg.groups, cfg.token_tiles)], cfg
+            assert "the warp's K again in bf16" in kernels.describe(m, n, k, "mxfp4", torch.bfloat16)
+    for n, k in [(5760, 2880), (4096, 4096), (6144, 4096), (2880, 2880), (2048, 768), (3072, 2048)]:
+        assert kernels.mx_fold_for("mxfp4", "bf16", n, k) == (n * k // 2 >= 6 << 20)
+    # Under a split's cap below 56 registers the fold's loop spills: the general path, with the split chosen for it.
+    for m in (1, 2, 8):
+        cfg = kernels.config_for(m, 10240, 8192, "mxfp4", "plain", "bf16", False, False)
+        general = kernels.config_for(m, 10240, 8192, "mxfp4", "plain", "bf16", False, False, mx_fold=False)
+        assert 0 < cfg.max_registers < kernels.MX_FOLD_MIN_CAP and not cfg.mx_fold
+        assert (cfg.groups, cfg.k_warps, cfg.max_registers) == (general.groups, general.k_warps, general.max_registers)
     assert not kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "fp16", False, False).mx_fold  # block columns
+    assert not kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "bf16", False, False).mx_fold  # block columns
     assert not kernels.config_for(4, 6144, 4096, "mxfp4", "plain", "fp16", False, False, mx_fold=False).mx_fold
-    assert kernels.config_for(4, 6144, 4096, "mxfp4", "plain", "bf16", False, False, mx_fold=True).mx_fold
+    forced = kernels.config_for(4, 2048, 768, "mxfp4", "plain", "bf16", False, False, mx_fold=True)
+    assert forced.mx_fold and forced.mx_fold_redo
     # A split the launcher never chooses (4 groups, which REGISTERS does not count) runs uncapped, not a KeyError.
     four = kernels.config_for(1, 203, 960, "mxfp4", "plain", "fp16", False, False, k_parts=8, groups=4, k_warps=2)
     assert four.mx_fold and four.max_registers == 0
     for bad in (dict(fmt="nvfp4"), dict(block_columns=True)):
         with pytest.raises(ValueError, match="mx_fold"):
             kernels.LinearW4A16Config(**{"fmt": "mxfp4", "mx_fold": True, **bad})
+    with pytest.raises(ValueError, match="mx_fold_redo"):
+        kernels.LinearW4A16Config(fmt="mxfp4", mx_fold_redo=True)
 
 
 def test_block_columns_rule():
@@ -869,31 +889,24 @@ def test_mxfp4_scale_fold(dtype, scales, m, n, k, override):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("scales", ["fit", "full"])
-def test_mxfp4_scale_fold_with_inf_and_nan_in_x(dtype, scales):
-    """The fold redoes a warp's K on the general path where its sums are not finite (how a scale outside the fold's
-    range shows): x holding inf and NaN makes every warp redo, and the call still gives the general path's values,
-    inf and NaN where they fall (the same bits with bf16 x), finite rows exact."""
-    from cute_kernels.linear_w4a16 import MX_FOLD
-
+def test_mxfp4_scale_fold_with_inf_and_nan_in_x(scales):
+    """bf16 x holding inf and NaN: the fold (every step, the warp's K redone on the general path where a scale does
+    not fit) gives the general path's bits, inf and NaN where they fall, and the finite row within the tolerance."""
     n, k, m = 300, 2880, 3
     g = torch.Generator().manual_seed(7)
     w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
-    key = "bf16" if dtype == torch.bfloat16 else "fp16"
-    lo, hi = {"fit": (max(MX_FOLD[key][2], 112), MX_FOLD[key][3]), "full": (90, 165)}[scales]
+    lo, hi = {"fit": (112, 128), "full": (90, 165)}[scales]
     sf = torch.randint(lo, hi + 1, (n, k // 32), dtype=torch.uint8, generator=g)
-    x = torch.randn(m, k, generator=g).to(dtype)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
     x[1, 5] = float("inf")
     x[2, 2000] = float("nan")
     x = x.cuda()
     y = _run(x, w.cuda(), sf.cuda(), "mxfp4", "plain", mx_fold=True)
     y_general = _run(x, w.cuda(), sf.cuda(), "mxfp4", "plain", mx_fold=False)
-    assert torch.equal(y.isnan(), y_general.isnan()) and torch.equal(y.isinf(), y_general.isinf())
-    assert y[2].isnan().all() and y[1].isfinite().sum() < n  # NaN meets every row; inf meets the rows it is not 0 on
+    assert torch.equal(y.view(torch.int16), y_general.view(torch.int16))
+    assert y[2].isnan().all() and not y[1].isfinite().any()  # NaN meets every row, inf every row (or NaN on a 0)
     _check(y[:1], x[:1], w.cuda(), sf, "mxfp4")
-    if dtype == torch.bfloat16:
-        assert torch.equal(y.view(torch.int16), y_general.view(torch.int16))
 
 
 @pytest.mark.gpu

@@ -156,7 +156,7 @@ def _ab_fields(cfg) -> dict:
     """A config's split as an override of every field the launcher chooses (so config_for keeps it as it is)."""
     return {f: getattr(cfg, f) for f in ("groups", "k_warps", "max_registers", "k_splits", "k_parts", "token_tiles",
                                          "x_fragments", "block_columns", "acc_sets", "m_major", "mx_fold",
-                                         "w_l2_prefetch")}
+                                         "mx_fold_redo", "w_l2_prefetch")}
 
 
 def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), rounds=2, csv_path=None, log=print,
@@ -164,10 +164,12 @@ def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), roun
     """µs per call of MXFP4 with x_dtype x at every (shape, M, scale range): the dispatched config (the scale fold,
     its registers capped by `kernels.mx_fold_cap`) against the same split on the general path (mx_fold False,
     uncapped), alternately `rounds` times, the best of each; with the read of the same bytes: the data behind
-    `kernels.MX_FOLD_X_DTYPES` (which the run takes to hold x_dtype). `scales`: (least, most) e8m0 bytes, drawn
-    uniformly; the default pair is what checkpoints hold (2^-15 to 2^1) and the whole range (every warp leaves the
-    fold and does its K again on the general path)."""
-    with _kernels_patched(MX_FOLD_X_DTYPES=("fp16", "bf16")):
+    `kernels.MX_FOLD_X_DTYPES`, `MX_FOLD_MIN_CODE_BYTES` and `MX_FOLD_MIN_CAP`, which the run sets to take the fold
+    at every point. `scales`: (least, most) e8m0 bytes, drawn uniformly; the default pair is what checkpoints hold
+    (2^-15 to 2^1) and the whole range (every warp leaves the fold: with bf16 x it does its K again on the general
+    path, kernels.mx_fold_redo_for)."""
+    with _kernels_patched(MX_FOLD_X_DTYPES=("fp16", "bf16"), MX_FOLD_MIN_CODE_BYTES={"fp16": 0, "bf16": 0},
+                          MX_FOLD_MIN_CAP=0):
         return _mx_fold_ab(shapes, tokens, scales, rounds, csv_path, log, x_dtype)
 
 
@@ -202,6 +204,43 @@ def _mx_fold_ab(shapes, tokens, scales, rounds, csv_path, log, x_dtype):
                     log(" ".join(f"{key}={val}" for key, val in row.items()))
     finally:
         MXFP4_SCALES = kept
+    if csv_path:
+        write_csv(rows, csv_path)
+    return rows
+
+
+def mx_fold_designs_ab(shapes=SHAPES, tokens=(1, 4, 16), rounds=2, csv_path=None, log=print):
+    """µs per call of MXFP4 with checkpoint scales (MXFP4_SCALES) at every (x dtype, shape, M) where the launcher
+    takes the scale fold: the general path, the fold with a vote a step, and the fold over the whole K with a redo
+    (mx_fold_redo), each at the dispatched split and cap, alternately `rounds` times, the best of each; with the read
+    of the same bytes: the data behind `kernels.mx_fold_redo_for`."""
+    from nvfp4_gemv.linear import kernels
+
+    rows = []
+    for x_dtype, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        for n, k in shapes:
+            read = None
+            for m in tokens:
+                cfg = kernels.config_for(m, n, k, "mxfp4", "plain", x_dtype, False, False)
+                if not cfg.mx_fold:
+                    continue
+                read = read or _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
+                fold = _ab_fields(cfg)
+                cap = kernels.mx_fold_cap(cfg.groups, cfg.k_warps, cfg.token_tiles)
+                variants = {"general": dict(fold, mx_fold=False, mx_fold_redo=False,
+                                            max_registers=0 if cap else cfg.max_registers),
+                            "vote": dict(fold, mx_fold_redo=False), "redo": dict(fold, mx_fold_redo=True)}
+                times = dict.fromkeys(variants, math.inf)
+                for _ in range(rounds):
+                    for name, ov in variants.items():
+                        times[name] = min(times[name], _time(lambda: ours(n, k, m, "mxfp4", dtype, **ov)))
+                row = dict(n=n, k=k, m=m, x=x_dtype, read_us=round(read, 3),
+                           **{f"{name}_us": round(t, 3) for name, t in times.items()},
+                           redo_over_vote=round(times["redo"] / times["vote"], 4),
+                           redo_over_general=round(times["redo"] / times["general"], 4),
+                           config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1])
+                rows.append(row)
+                log(" ".join(f"{key}={val}" for key, val in row.items()))
     if csv_path:
         write_csv(rows, csv_path)
     return rows
@@ -601,6 +640,8 @@ AB_RUNS = {
     "mx_fold": ("MXFP4's scale fold with fp16 x against the general path", mx_fold_ab),
     "mx_fold_bf16": ("MXFP4's scale fold with bf16 x against the general path",
                      lambda **kw: mx_fold_ab(x_dtype="bf16", **kw)),
+    "mx_fold_designs": ("MXFP4's scale fold with a vote a step against the whole K and a redo, and the general "
+                        "path, bf16 and fp16 x", mx_fold_designs_ab),
     "one_group": ("16-token CTAs of one group and more warps against two groups under 18 warps an SM (the bench "
                   "shapes and 40 drawn ones)",
                   lambda **kw: one_group_ab(shapes=SHAPES + tuple(drawn_shapes(40, 1205)), **kw)),

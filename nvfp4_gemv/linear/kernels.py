@@ -482,14 +482,36 @@ def x_fragments_for(m: int, n: int, k: int, fmt: str, x_dtype: str = "bf16") -> 
 # fp16 x, M = 1-16: with scales of 2^-15..2^1 (what checkpoints hold) 0.48-0.96 of the time over 59 points, 0.72
 # geomean on 8 random shapes drawn for the run (4992 x 7040 at 16 tokens: 24.4 -> 12.9 us); with scales over the
 # whole e8m0 range (every warp leaves the fold at its first step) 1.01-1.25 x, 1.16 geomean over 22 points. With bf16
-# x (docs/linear_h200_mx_fold_bf16.csv, 3 shapes, M = 1, 4, 16) the fold, capped, was 0.90-1.07 with checkpoint
-# scales and 1.02-1.10 over the whole range: not taken.
-MX_FOLD_X_DTYPES = ("fp16",)
+# x (docs/linear_h200_mx_fold_bf16.csv, 3 shapes, M = 1, 4, 16) that fold, capped, was 0.90-1.07 with checkpoint
+# scales and 1.02-1.10 over the whole range.
+#
+# bf16 x takes the fold the other way (LinearW4A16Config.mx_fold_redo): every step on the fold, one compare a scale,
+# and the warp's K again on the general path where a vote after the loop finds a scale past 2^1 (bf16's fold has no
+# lower bound, so only blocks of weights past 12 leave it). Its loop is 187 instructions a step against the general
+# 233 (NVFP4's: 198) at 62 registers, NVFP4's count. Measured on an H100 (no H200 was lent that day; `nvfp4-gemv ab
+# mx_fold_bf16`, docs/linear_h100_ab_mx_fold_bf16.csv, the 12 bench shapes at 1-16 tokens, block-columns points
+# left out, two alternating rounds): with checkpoint scales (2^-15..2^1) 0.886-0.992 of the general path's time at
+# 32 of the 33 points of the eight weights of 8 MB of codes or more where the split takes no cap below 56 registers
+# (4096 x 4096 at 16 tokens: 1.025); 0.98-1.07 on the three weights of 4 MB or less (a short kernel, where the vote
+# and the second loop's code cost more than the loop saves); 1.02-1.05 where the split caps the registers at 48
+# (10240 x 8192 at 1, 2 and 8 tokens: the fold's loop spills there). Over the whole e8m0 range every warp redoes its
+# K: 1.47-1.60 x. So bf16 x takes it from MX_FOLD_MIN_CODE_BYTES of codes and where the split's cap, if any, is at
+# least MX_FOLD_MIN_CAP. The same A/B on the H200 is still to be run.
+MX_FOLD_X_DTYPES = ("fp16", "bf16")
+MX_FOLD_MIN_CODE_BYTES = {"fp16": 0, "bf16": 6 << 20}
+MX_FOLD_MIN_CAP = 56
 
 
-def mx_fold_for(fmt: str, x_dtype: str) -> bool:
-    """Whether MXFP4 with x_dtype takes the scale fold (MX_FOLD_X_DTYPES)."""
-    return fmt == "mxfp4" and x_dtype in MX_FOLD_X_DTYPES
+def mx_fold_for(fmt: str, x_dtype: str, n: int = 0, k: int = 0) -> bool:
+    """Whether MXFP4 with x_dtype on an N x K weight takes the scale fold (MX_FOLD_X_DTYPES, from
+    MX_FOLD_MIN_CODE_BYTES of codes)."""
+    return fmt == "mxfp4" and x_dtype in MX_FOLD_X_DTYPES and n * k // 2 >= MX_FOLD_MIN_CODE_BYTES[x_dtype]
+
+
+def mx_fold_redo_for(x_dtype: str) -> bool:
+    """Whether the scale fold takes the warp's whole K and redoes it where a scale left the range (bf16 x), or votes
+    each step and leaves the fold at the first that does not fit (fp16 x, whose range starts at 2^-20)."""
+    return x_dtype == "bf16"
 
 
 def mx_fold_cap(groups: int, k_warps: int, token_tiles: int) -> int:
@@ -528,14 +550,21 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
         fragments = set(override) <= {"sf_dtype", "block_columns"} and not columns and x_fragments_for(
             m, n, k, fmt, x_dtype)
     fold = override.get("mx_fold")
-    if fold is None:
-        fold = not columns and mx_fold_for(fmt, x_dtype)
-    override = {**override, "block_columns": columns, "x_fragments": fragments, "mx_fold": fold}
+    fold_rule = fold is None
+    if fold_rule:
+        fold = not columns and mx_fold_for(fmt, x_dtype, n, k)
     parts = 1 if columns else override.get("k_parts") or k_parts_for(m, n, k, sms)
     token_tiles = 1 if columns else override.get("token_tiles") or (
         1 if parts >= 2 else token_tiles_for(m, n, k, x_dtype, fragments))
     _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, fmt if columns else "",
                                                 fragments_key(x_dtype, fold) if fragments else "")
+    if fold_rule and fold and mx_fold_redo_for(x_dtype) and 0 < cap < MX_FOLD_MIN_CAP:
+        fold = False  # the fold's loop would spill under the split's cap: the general path, split for it
+        _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, "",
+                                                    fragments_key(x_dtype, fold) if fragments else "")
+    redo = override.get("mx_fold_redo", fold and mx_fold_redo_for(x_dtype))
+    override = {**override, "block_columns": columns, "x_fragments": fragments, "mx_fold": fold,
+                "mx_fold_redo": redo}
     # An override of the split (sweeps, tests) means that split on its own, uncapped and unclustered unless it names
     # max_registers and k_splits too.
     if any(f in override for f in ("groups", "k_warps", "max_registers")):
@@ -692,7 +721,9 @@ def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layou
                 f"(torch.mm, fp32 sums): M >= {prefill.PREFILL_MIN_TOKENS}")
     cfg = config_for(m, n, k, fmt, scale_layout, xd, False, False, sms, **override)
     path = "tensor cores (mma.sync m16n8k16)"
-    if cfg.mx_fold:
+    if cfg.mx_fold_redo:
+        path += ", the scale folded into one multiply (the warp's K again in bf16 where a scale does not fit)"
+    elif cfg.mx_fold:
         path += ", the scale folded into one multiply where a step's scales fit, else bf16"
     if cfg.split_x:
         path += (" with" if cfg.mx_fold else ",") + " x as bf16 hi+lo"
