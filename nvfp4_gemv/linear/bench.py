@@ -190,7 +190,8 @@ def _mx_fold_ab(shapes, tokens, scales, rounds, csv_path, log, x_dtype):
                         continue
                     fold = _ab_fields(cfg)
                     cap = kernels.mx_fold_cap(cfg.groups, cfg.k_warps, cfg.token_tiles)
-                    general = dict(fold, mx_fold=False, max_registers=0 if cap else cfg.max_registers)
+                    general = dict(fold, mx_fold=False, mx_fold_redo=False,
+                                   max_registers=0 if cap else cfg.max_registers)
                     times = {"general": math.inf, "fold": math.inf}
                     for _ in range(rounds):
                         for name, ov in (("general", general), ("fold", fold)):
