@@ -351,6 +351,27 @@ def test_ab_runs_name_their_points(monkeypatch, tmp_path):
                           mx_fold_bf16=104, mx_fold_designs=53)
 
 
+def test_ab_runs_build_their_configs(monkeypatch):
+    """The A/B runs that override the scale fold or the kernel (the fold's runs, x in fragment order against block
+    columns): every config they would time is a valid one, the launcher's own check run on the CPU (the call that
+    would time it builds its config instead)."""
+    from nvfp4_gemv.linear import bench, kernels
+
+    built = []
+
+    def config_only(n, k, m, fmt, dtype=torch.bfloat16, **override):
+        x_dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+        built.append(kernels.config_for(m, n, k, fmt, "plain", x_dtype, False, fmt == "nvfp4", **override))
+        return 1.0
+
+    monkeypatch.setattr(bench, "ours", config_only)
+    monkeypatch.setattr(bench, "_time", lambda factory: factory() if "ours" in factory.__code__.co_names else 1.0)
+    for name in ("mx_fold", "mx_fold_bf16", "mx_fold_designs", "x_fragments"):
+        bench.AB_RUNS[name][1](rounds=1, csv_path=None, log=lambda *a: None)
+    assert any(c.mx_fold_redo for c in built) and any(c.mx_fold and not c.mx_fold_redo for c in built)
+    assert any(c.block_columns for c in built) and any(not c.mx_fold and c.fmt == "mxfp4" for c in built)
+
+
 def test_sweep_columns_name_their_timer():
     from nvfp4_gemv import bench
 
