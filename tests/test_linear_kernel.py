@@ -631,11 +631,12 @@ def test_config_for_token_tiles_and_describe():
     assert "scale folded" in text and "x as bf16 hi+lo" in text and "token tiles" in text
 
 
-def test_mx_fold_rule():
+def test_mx_fold_rule(monkeypatch):
     """MXFP4 takes the scale fold (mx_fold_for): with fp16 x a vote a step, its registers capped at the resident-warp
     model's (one group of one tile included: with two K parts or x in fragment order it takes 72-80 uncapped); with
-    bf16 x the whole K then a redo where a scale does not fit (mx_fold_redo), from 6 MB of codes and not under a
-    split's register cap below MX_FOLD_MIN_CAP. NVFP4 and block columns do not."""
+    bf16 x the whole K then a redo where a scale does not fit (mx_fold_redo), from 6 MB of codes at 1-16 tokens, at
+    the general path's own split and not under its register cap below MX_FOLD_MIN_CAP. NVFP4 and block columns do
+    not."""
     for m, n, k in [(1, 6144, 4096), (4, 6144, 4096), (16, 28672, 4096), (16, 4096, 14336), (1, 300, 4096),
                     (4, 8192, 28672), (4, 4096, 7168), (8, 8192, 28672)]:
         cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "fp16", False, False)
@@ -645,20 +646,33 @@ def test_mx_fold_rule():
         assert "a step's scales fit" in kernels.describe(m, n, k, "mxfp4", torch.float16)
         cfg = kernels.config_for(m, n, k, "nvfp4", "plain", "fp16", False, False)
         assert not cfg.mx_fold and cfg.mma_dtype == "fp16"
+    # bf16 x: where the fold is taken, the split (and anything else the rules choose) is the general path's
+    folded = 0
+    for (n, k), m in itertools.product([(6144, 4096), (28672, 4096), (4096, 14336), (8192, 28672), (5760, 2880),
+                                        (4096, 4096), (2880, 2880), (10240, 8192), (2048, 768)],
+                                       (1, 2, 3, 4, 6, 8, 9, 12, 16, 24)):
         cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "bf16", False, False)
-        large = n * k // 2 >= kernels.MX_FOLD_MIN_CODE_BYTES["bf16"]
-        assert cfg.mx_fold == cfg.mx_fold_redo == large and cfg.mma_dtype == "bf16", cfg
-        if large and cfg.k_splits == 1:
-            assert cfg.max_registers == kernels.REGISTERS[(cfg.groups, cfg.token_tiles)], cfg
+        with monkeypatch.context() as mp:
+            mp.setitem(kernels.MX_FOLD_MIN_CODE_BYTES, "bf16", 1 << 62)
+            general = kernels.config_for(m, n, k, "mxfp4", "plain", "bf16", False, False)
+        assert not general.mx_fold and cfg.mma_dtype == ("fp16" if cfg.block_columns else "bf16")
+        if cfg.mx_fold:
+            folded += 1
+            assert cfg.mx_fold_redo and n * k // 2 >= 6 << 20 and m <= 16, cfg
+            assert dataclasses.replace(cfg, mx_fold=False, mx_fold_redo=False) == dataclasses.replace(
+                general, max_registers=cfg.max_registers), (cfg, general)
+            assert cfg.max_registers in (general.max_registers, kernels.mx_fold_cap(cfg.groups, cfg.k_warps,
+                                                                                     cfg.token_tiles))
+            assert not 0 < general.max_registers < kernels.MX_FOLD_MIN_CAP
             assert "the warp's K again in bf16" in kernels.describe(m, n, k, "mxfp4", torch.bfloat16)
+        else:
+            assert cfg == general
+    assert folded >= 30
     for n, k in [(5760, 2880), (4096, 4096), (6144, 4096), (2880, 2880), (2048, 768), (3072, 2048)]:
         assert kernels.mx_fold_for("mxfp4", "bf16", n, k) == (n * k // 2 >= 6 << 20)
-    # Under a split's cap below 56 registers the fold's loop spills: the general path, with the split chosen for it.
-    for m in (1, 2, 8):
-        cfg = kernels.config_for(m, 10240, 8192, "mxfp4", "plain", "bf16", False, False)
-        general = kernels.config_for(m, 10240, 8192, "mxfp4", "plain", "bf16", False, False, mx_fold=False)
-        assert 0 < cfg.max_registers < kernels.MX_FOLD_MIN_CAP and not cfg.mx_fold
-        assert (cfg.groups, cfg.k_warps, cfg.max_registers) == (general.groups, general.k_warps, general.max_registers)
+    # Under a split's cap below 56 registers the fold's loop spills: the general path there (10240 x 8192, 1 token).
+    cfg = kernels.config_for(1, 10240, 8192, "mxfp4", "plain", "bf16", False, False)
+    assert 0 < cfg.max_registers < kernels.MX_FOLD_MIN_CAP and not cfg.mx_fold
     assert not kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "fp16", False, False).mx_fold  # block columns
     assert not kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "bf16", False, False).mx_fold  # block columns
     assert not kernels.config_for(4, 6144, 4096, "mxfp4", "plain", "fp16", False, False, mx_fold=False).mx_fold

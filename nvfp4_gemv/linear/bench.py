@@ -159,13 +159,22 @@ def _ab_fields(cfg) -> dict:
                                          "mx_fold_redo", "w_l2_prefetch")}
 
 
+def _general_of(cfg) -> dict:
+    """The override that times a config with the scale fold on MXFP4's general path instead: the same split, without
+    the fold's register cap (kernels.mx_fold_cap) where the fold took one."""
+    from nvfp4_gemv.linear import kernels
+
+    cap = kernels.mx_fold_cap(cfg.groups, cfg.k_warps, cfg.token_tiles)
+    return dict(_ab_fields(cfg), mx_fold=False, mx_fold_redo=False, max_registers=0 if cap else cfg.max_registers)
+
+
 def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), rounds=2, csv_path=None, log=print,
                x_dtype="fp16"):
     """µs per call of MXFP4 with x_dtype x at every (shape, M, scale range): the dispatched config (the scale fold,
-    its registers capped by `kernels.mx_fold_cap`) against the same split on the general path (mx_fold False,
-    uncapped), alternately `rounds` times, the best of each; with the read of the same bytes: the data behind
-    `kernels.MX_FOLD_X_DTYPES`, `MX_FOLD_MIN_CODE_BYTES` and `MX_FOLD_MIN_CAP`, which the run sets to take the fold
-    at every point. `scales`: (least, most) e8m0 bytes, drawn uniformly; the default pair is what checkpoints hold
+    its registers capped by `kernels.mx_fold_cap`) against the same split on the general path (`_general_of`),
+    alternately `rounds` times, the best of each; with the read of the same bytes: the data behind
+    `kernels.MX_FOLD_X_DTYPES`, `MX_FOLD_MIN_CODE_BYTES` and `MX_FOLD_MIN_CAP`, which the run sets so that the
+    fold is taken at every point where it keeps the general path's split (with bf16 x, `config_for`). `scales`: (least, most) e8m0 bytes, drawn uniformly; the default pair is what checkpoints hold
     (2^-15 to 2^1) and the whole range (every warp leaves the fold: with bf16 x it does its K again on the general
     path, kernels.mx_fold_redo_for)."""
     with _kernels_patched(MX_FOLD_X_DTYPES=("fp16", "bf16"), MX_FOLD_MIN_CODE_BYTES={"fp16": 0, "bf16": 0},
@@ -188,10 +197,7 @@ def _mx_fold_ab(shapes, tokens, scales, rounds, csv_path, log, x_dtype):
                     cfg = kernels.config_for(m, n, k, "mxfp4", "plain", x_dtype, False, False)
                     if not cfg.mx_fold:  # block columns
                         continue
-                    fold = _ab_fields(cfg)
-                    cap = kernels.mx_fold_cap(cfg.groups, cfg.k_warps, cfg.token_tiles)
-                    general = dict(fold, mx_fold=False, mx_fold_redo=False,
-                                   max_registers=0 if cap else cfg.max_registers)
+                    fold, general = _ab_fields(cfg), _general_of(cfg)
                     times = {"general": math.inf, "fold": math.inf}
                     for _ in range(rounds):
                         for name, ov in (("general", general), ("fold", fold)):
@@ -227,10 +233,8 @@ def mx_fold_designs_ab(shapes=SHAPES, tokens=(1, 4, 16), rounds=2, csv_path=None
                     continue
                 read = read or _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
                 fold = _ab_fields(cfg)
-                cap = kernels.mx_fold_cap(cfg.groups, cfg.k_warps, cfg.token_tiles)
-                variants = {"general": dict(fold, mx_fold=False, mx_fold_redo=False,
-                                            max_registers=0 if cap else cfg.max_registers),
-                            "vote": dict(fold, mx_fold_redo=False), "redo": dict(fold, mx_fold_redo=True)}
+                variants = {"general": _general_of(cfg), "vote": dict(fold, mx_fold_redo=False),
+                            "redo": dict(fold, mx_fold_redo=True)}
                 times = dict.fromkeys(variants, math.inf)
                 for _ in range(rounds):
                     for name, ov in variants.items():

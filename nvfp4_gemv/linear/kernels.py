@@ -495,8 +495,11 @@ def x_fragments_for(m: int, n: int, k: int, fmt: str, x_dtype: str = "bf16") -> 
 # (4096 x 4096 at 16 tokens: 1.025); 0.98-1.07 on the three weights of 4 MB or less (a short kernel, where the vote
 # and the second loop's code cost more than the loop saves); 1.02-1.05 where the split caps the registers at 48
 # (10240 x 8192 at 1, 2 and 8 tokens: the fold's loop spills there). Over the whole e8m0 range every warp redoes its
-# K: 1.47-1.60 x. So bf16 x takes it from MX_FOLD_MIN_CODE_BYTES of codes and where the split's cap, if any, is at
-# least MX_FOLD_MIN_CAP. The same A/B on the H200 is still to be run.
+# K: 1.47-1.60 x. The A/B timed both at the fold's split; where x in fragment order counts fewer registers without
+# the fold (FRAGMENT_REGISTERS: one group of 16 tokens), that split is not the general path's. So bf16 x takes the
+# fold from MX_FOLD_MIN_CODE_BYTES of codes, at 1-16 tokens, where its split is the general path's own and the
+# split's cap, if any, is at least MX_FOLD_MIN_CAP: 27 of the A/B's points, 0.886-0.992 (0.958 on geomean). The same
+# A/B on the H200 is still to be run.
 MX_FOLD_X_DTYPES = ("fp16", "bf16")
 MX_FOLD_MIN_CODE_BYTES = {"fp16": 0, "bf16": 6 << 20}
 MX_FOLD_MIN_CAP = 56
@@ -556,12 +559,19 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     parts = 1 if columns else override.get("k_parts") or k_parts_for(m, n, k, sms)
     token_tiles = 1 if columns else override.get("token_tiles") or (
         1 if parts >= 2 else token_tiles_for(m, n, k, x_dtype, fragments))
-    _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, fmt if columns else "",
-                                                fragments_key(x_dtype, fold) if fragments else "")
-    if fold_rule and fold and mx_fold_redo_for(x_dtype) and 0 < cap < MX_FOLD_MIN_CAP:
-        fold = False  # the fold's loop would spill under the split's cap: the general path, split for it
-        _, _, groups, k_warps, cap, splits = _split(m, n, k, sms, parts, token_tiles, "",
-                                                    fragments_key(x_dtype, fold) if fragments else "")
+
+    def split(fold):
+        return _split(m, n, k, sms, parts, token_tiles, fmt if columns else "",
+                      fragments_key(x_dtype, fold) if fragments else "")
+
+    chosen = split(fold)
+    if fold_rule and fold and mx_fold_redo_for(x_dtype):
+        # bf16 x takes the fold where it replaces the general path at the general path's own split, up to 16 tokens
+        # (as measured), and not under a cap its loop spills at
+        general = split(False)
+        if chosen != general or 0 < chosen[4] < MX_FOLD_MIN_CAP or m > 16:
+            fold, chosen = False, general
+    _, _, groups, k_warps, cap, splits = chosen
     redo = override.get("mx_fold_redo", fold and mx_fold_redo_for(x_dtype))
     override = {**override, "block_columns": columns, "x_fragments": fragments, "mx_fold": fold,
                 "mx_fold_redo": redo}
