@@ -136,10 +136,7 @@ def x_fragments_ab(shapes=SHAPES, tokens=(1, 2, 3, 4, 8, 12, 16), formats=FORMAT
                 if kernels.block_columns_for(m, n, k, fmt, kernels.H200_SMS, kernels._X_DTYPES[dtype]):
                     variants["columns"] = dict(block_columns=True)
                 variants.update(more or {})
-                times = {name: math.inf for name in variants}
-                for _ in range(rounds):
-                    for name, ov in variants.items():
-                        times[name] = min(times[name], _time(lambda: ours(n, k, m, fmt, dtype, **ov)))
+                times = _best_of(n, k, m, fmt, dtype, variants, rounds)
                 row = dict(n=n, k=k, m=m, fmt=fmt, x=kernels._X_DTYPES[dtype], read_us=round(read, 3),
                            default_us=round(times["default"], 3), fragments_us=round(times["fragments"], 3),
                            columns_us=round(times.get("columns", math.nan), 3),
@@ -150,6 +147,15 @@ def x_fragments_ab(shapes=SHAPES, tokens=(1, 2, 3, 4, 8, 12, 16), formats=FORMAT
     if csv_path:
         write_csv(rows, csv_path)
     return rows
+
+
+def _best_of(n, k, m, fmt, dtype, variants: dict, rounds: int) -> dict:
+    """{name: µs} of `ours` with each variant's override, timed alternately `rounds` times, the best of each."""
+    times = dict.fromkeys(variants, math.inf)
+    for _ in range(rounds):
+        for name, ov in variants.items():
+            times[name] = min(times[name], _time(lambda: ours(n, k, m, fmt, dtype, **ov)))
+    return times
 
 
 def _ab_fields(cfg) -> dict:
@@ -174,8 +180,9 @@ def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), roun
     its registers capped by `kernels.mx_fold_cap`) against the same split on the general path (`_general_of`),
     alternately `rounds` times, the best of each; with the read of the same bytes: the data behind
     `kernels.MX_FOLD_X_DTYPES`, `MX_FOLD_MIN_CODE_BYTES` and `MX_FOLD_MIN_CAP`, which the run sets so that the
-    fold is taken at every point where it keeps the general path's split (with bf16 x, `config_for`). `scales`: (least, most) e8m0 bytes, drawn uniformly; the default pair is what checkpoints hold
-    (2^-15 to 2^1) and the whole range (every warp leaves the fold: with bf16 x it does its K again on the general
+    fold is taken at every point where it keeps the general path's split (with bf16 x, `config_for`). `scales`:
+    (least, most) e8m0 bytes, drawn uniformly; the default pair is what checkpoints hold (2^-15 to 2^1) and the whole
+    range (every warp leaves the fold: with bf16 x it does its K again on the general
     path, kernels.mx_fold_redo_for)."""
     with _kernels_patched(MX_FOLD_X_DTYPES=("fp16", "bf16"), MX_FOLD_MIN_CODE_BYTES={"fp16": 0, "bf16": 0},
                           MX_FOLD_MIN_CAP=0):
@@ -197,11 +204,8 @@ def _mx_fold_ab(shapes, tokens, scales, rounds, csv_path, log, x_dtype):
                     cfg = kernels.config_for(m, n, k, "mxfp4", "plain", x_dtype, False, False)
                     if not cfg.mx_fold:  # block columns
                         continue
-                    fold, general = _ab_fields(cfg), _general_of(cfg)
-                    times = {"general": math.inf, "fold": math.inf}
-                    for _ in range(rounds):
-                        for name, ov in (("general", general), ("fold", fold)):
-                            times[name] = min(times[name], _time(lambda: ours(n, k, m, "mxfp4", dtype, **ov)))
+                    times = _best_of(n, k, m, "mxfp4", dtype, {"general": _general_of(cfg), "fold": _ab_fields(cfg)},
+                                     rounds)
                     row = dict(n=n, k=k, m=m, x=x_dtype, scales=f"{MXFP4_SCALES[0]}-{MXFP4_SCALES[1]}",
                                read_us=round(read, 3), general_us=round(times["general"], 3),
                                fold_us=round(times["fold"], 3),
@@ -235,10 +239,7 @@ def mx_fold_designs_ab(shapes=SHAPES, tokens=(1, 4, 16), rounds=2, csv_path=None
                 fold = _ab_fields(cfg)
                 variants = {"general": _general_of(cfg), "vote": dict(fold, mx_fold_redo=False),
                             "redo": dict(fold, mx_fold_redo=True)}
-                times = dict.fromkeys(variants, math.inf)
-                for _ in range(rounds):
-                    for name, ov in variants.items():
-                        times[name] = min(times[name], _time(lambda: ours(n, k, m, "mxfp4", dtype, **ov)))
+                times = _best_of(n, k, m, "mxfp4", dtype, variants, rounds)
                 row = dict(n=n, k=k, m=m, x=x_dtype, read_us=round(read, 3),
                            **{f"{name}_us": round(t, 3) for name, t in times.items()},
                            redo_over_vote=round(times["redo"] / times["vote"], 4),
