@@ -249,12 +249,15 @@ def mma_16816(acc, a, b, dtype: str, *, loc=None, ip=None):
 @dsl_user_op
 def split_f16x2_to_bf16x2(h2, *, loc=None, ip=None):
     """An f16 pair as two bf16 pairs (hi, lo) with hi + lo == the f16 values exactly (bf16 has the range, and 8 +
-    8 significant bits cover f16's 11)."""
+    8 significant bits cover f16's 11). An infinite half gives hi = inf and lo = -256 (inf - inf is NaN, and
+    `max.bf16x2` keeps the number): hi·w + lo·w is then ±inf, or NaN where w = 0, as in the reference; a finite lo
+    is at most 2^-9 · 65504 in size, so the max leaves it alone. A NaN half gives a NaN hi."""
     asm = (
-        "{\n\t.reg .b16 l, h;\n\t.reg .f32 a, b, c, d;\n\t.reg .b32 p;\n\tmov.b32 {l, h}, $2;\n\t"
+        "{\n\t.reg .b16 l, h;\n\t.reg .f32 a, b, c, d;\n\t.reg .b32 p, q;\n\tmov.b32 {l, h}, $2;\n\t"
         "cvt.f32.f16 a, l;\n\tcvt.f32.f16 b, h;\n\tcvt.rn.bf16x2.f32 p, b, a;\n\tmov.b32 $0, p;\n\t"
         "mov.b32 {l, h}, p;\n\tcvt.f32.bf16 c, l;\n\tcvt.f32.bf16 d, h;\n\tsub.rn.f32 a, a, c;\n\t"
-        "sub.rn.f32 b, b, d;\n\tcvt.rn.bf16x2.f32 $1, b, a;\n\t}"
+        "sub.rn.f32 b, b, d;\n\tcvt.rn.bf16x2.f32 p, b, a;\n\tmov.b32 q, 0xC380C380;\n\t"
+        "max.bf16x2 $1, p, q;\n\t}"
     )
     res = inline_ptx(
         llvm.StructType.get_literal([T.i32()] * 2), [_u32(h2, loc, ip)], asm, "=r,=r,r", loc=loc, ip=ip

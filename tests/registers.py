@@ -107,7 +107,7 @@ def k_loop_spills(dump) -> list[int]:
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
     spills = []
     for i, line in enumerate(lines):
-        m = re.search(r"\bBRA\s+`\((\.L_x_\d+)\)", line)
+        m = re.search(r"\bBRA\s+(?:!?U?P\w+,\s*)?`\((\.L_x_\d+)\)", line)  # also `BRA P1, ...` (a loop's exit test)
         if m and labels.get(m.group(1), i) < i:
             body = lines[labels[m.group(1)] : i + 1]
             if any("HMMA" in b for b in body):

@@ -70,6 +70,8 @@ def test_ptx_facts(ptx, kw, arch):
     if cfg.split_x and cfg.mx_fold:
         n_bf16 = text.count("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32")
         assert n_bf16 > 0 and n_bf16 % (2 * 8 * cfg.groups * cfg.token_tiles) == 0
+    # x's hi + lo split keeps an infinite x infinite: its lo (inf - inf) is taken to a finite number by a max.
+    assert ("max.bf16x2" in text) == cfg.split_x
     # W streams once: 16-byte loads that skip L1, asking the L2 for w_l2_prefetch bytes on a miss where it is set;
     # nothing else takes that qualifier.
     hint = f".L2::{cfg.w_l2_prefetch}B" if cfg.w_l2_prefetch else ""
@@ -513,8 +515,9 @@ def test_dispatched_configs_fit_the_resident_warp_model(tmp_path):
         assert spills, c  # the K loop was found
         capped_for_warps = c.max_registers in kernels.CAPS.values() or (c.mx_fold and c.max_registers)
         # MXFP4's fold holds the fold's loop first and the general one, which a warp runs only where a scale leaves
-        # the fold's range, after it: its spills are paid on that path only (up to 54 under the fold's caps).
-        loops = spills[:1] if c.mx_fold_redo else spills
+        # the fold's range (the rest of its K after a vote a step, or all of it again), after it: its spills are paid
+        # on that path only (up to 54 under the fold's caps).
+        loops = spills[:1] if c.mx_fold else spills
         if max(loops) > (25 if capped_for_warps else 0) or max(spills) > 64:
             spilled.append((spills, c))
     assert not short, short
@@ -903,24 +906,36 @@ def test_mxfp4_scale_fold(dtype, scales, m, n, k, override):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("scales", ["fit", "full"])
-def test_mxfp4_scale_fold_with_inf_and_nan_in_x(scales):
-    """bf16 x holding inf and NaN: the fold (every step, the warp's K redone on the general path where a scale does
-    not fit) gives the general path's bits, inf and NaN where they fall, and the finite row within the tolerance."""
-    n, k, m = 300, 2880, 3
+def test_mxfp4_scale_fold_with_inf_and_nan_in_x(dtype, scales):
+    """x holding inf and NaN, on the fold and on the general path (with fp16 x, x as a bf16 hi + lo pair there):
+    inf, -inf and NaN exactly where the fp32 reference has them, and the finite row within the tolerance. With bf16
+    x the fold (the warp's K redone on the general path where a scale does not fit) gives the general path's bits."""
+    n, k, m = 300, 2880, 4
     g = torch.Generator().manual_seed(7)
     w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
-    lo, hi = {"fit": (112, 128), "full": (90, 165)}[scales]
+    # "full": most steps on the general path; with fp16 x up to 2^-2, so that the finite sums stay finite in fp16
+    lo, hi = {"fit": (112, 128), "full": (90, 165 if dtype == torch.bfloat16 else 125)}[scales]
     sf = torch.randint(lo, hi + 1, (n, k // 32), dtype=torch.uint8, generator=g)
-    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    x = torch.randn(m, k, generator=g).to(dtype)
     x[1, 5] = float("inf")
     x[2, 2000] = float("nan")
+    x[3, 77] = -float("inf")
+    ref = (x.float() @ dequantize(w, sf, "mxfp4").T).to(dtype)
     x = x.cuda()
-    y = _run(x, w.cuda(), sf.cuda(), "mxfp4", "plain", mx_fold=True)
-    y_general = _run(x, w.cuda(), sf.cuda(), "mxfp4", "plain", mx_fold=False)
-    assert torch.equal(y.view(torch.int16), y_general.view(torch.int16))
-    assert y[2].isnan().all() and not y[1].isfinite().any()  # NaN meets every row, inf every row (or NaN on a 0)
-    _check(y[:1], x[:1], w.cuda(), sf, "mxfp4")
+    for fold in (True, False):
+        y = _run(x, w.cuda(), sf.cuda(), "mxfp4", "plain", mx_fold=fold).cpu()
+        for row in range(1, m):
+            assert torch.equal(y[row].isnan(), ref[row].isnan()), (fold, row)
+            assert torch.equal(y[row].isinf(), ref[row].isinf()), (fold, row)
+            assert torch.equal(y[row][y[row].isinf()], ref[row][ref[row].isinf()]), (fold, row)
+        assert ref[1].isinf().any() and ref[1].isnan().any() and ref[2].isnan().all()
+        _check(y[:1].cuda(), x[:1], w.cuda(), sf, "mxfp4")
+    if dtype == torch.bfloat16:
+        y_fold = _run(x, w.cuda(), sf.cuda(), "mxfp4", "plain", mx_fold=True)
+        y_general = _run(x, w.cuda(), sf.cuda(), "mxfp4", "plain", mx_fold=False)
+        assert torch.equal(y_fold.view(torch.int16), y_general.view(torch.int16))
 
 
 @pytest.mark.gpu
