@@ -347,18 +347,34 @@ F16_2_6 = 0x54005400  # 64.0 in both f16 halves
 # placed code times 2^126, then the scale, in bf16; with fp16 x, x as a bf16 hi + lo pair), whose products are the
 # same exact values.
 MX_FOLD = {"bf16": (126, 7, 0, 128), "fp16": (-106, 10, 107, 136)}  # (exponent offset, mantissa bits, least s, most s)
+# With bf16 x over the warp's whole K (mx_fold_redo) the multiplier is 2^(s - 1 - MX_FOLD_SHIFT): every product
+# and fp32 sum 2^-16 of its value, and the warp's sums times 2^16 after the loop (exact, before they meet the other
+# warps'). That moves bf16's top from 2^1 to 2^17 (s <= 144). Its least s is 64 (2^-63): the products (exact bf16 down
+# to s = 11) then stay normal fp32 numbers for any |x| >= 2^-45, where a sum 2^-16 of its value could otherwise fall
+# into fp32's subnormals; scales that small take the general path, as any out of range.
+MX_FOLD_SHIFT = 16
 
 
-def mx_fold_multiplier(s, dtype: str) -> Uint32:
-    """2^(s - 127) / (the placed code's power of two) in both halves of `dtype`, for s in MX_FOLD's range."""
-    offset, bits, _, _ = MX_FOLD[dtype]
+def mx_fold_window(dtype: str, redo: bool = False):
+    """(exponent offset, mantissa bits, least s, most s) of the scale fold for the MMA's `dtype`; bf16 on the
+    whole-K fold (`redo`) shifted by MX_FOLD_SHIFT."""
+    offset, bits, least, most = MX_FOLD[dtype]
+    if redo and dtype == "bf16":
+        return offset - MX_FOLD_SHIFT, bits, 64, most + MX_FOLD_SHIFT
+    return offset, bits, least, most
+
+
+def mx_fold_multiplier(s, dtype: str, redo: bool = False) -> Uint32:
+    """2^(s - 127) / (the placed code's power of two) in both halves of `dtype` (times 2^-MX_FOLD_SHIFT for bf16
+    on the whole-K fold), for s in mx_fold_window's range."""
+    offset, bits, _, _ = mx_fold_window(dtype, redo)
     k = (1 << bits) | (1 << (bits + 16))
     return Uint32(s) * Uint32(k) + Uint32((offset * k) & 0xFFFFFFFF)
 
 
 def mx_fold_fits(s, dtype: str):
-    """Whether the e8m0 scale s is in MX_FOLD's range for `dtype` (one unsigned compare)."""
-    _, _, least, most = MX_FOLD[dtype]
+    """Whether the e8m0 scale s is in the vote-a-step fold's range for `dtype` (one unsigned compare)."""
+    _, _, least, most = mx_fold_window(dtype)
     return Uint32(s) - Uint32(least) <= Uint32(most - least)
 
 
@@ -651,7 +667,7 @@ class LinearW4A16:
             xb.append(tile)
         for g in cutlass.range_constexpr(cfg.groups):
             if const_expr(fold):
-                sc = [mx_fold_multiplier(rS[h, g], dt) for h in range(2)]
+                sc = [mx_fold_multiplier(rS[h, g], dt, cfg.mx_fold_redo) for h in range(2)]
             else:
                 sc = [scale_multipliers(cfg.fmt, dt, rS[h, g]) for h in range(2)]  # sc[half][word // 2]
             for w in cutlass.range_constexpr(4):
@@ -712,11 +728,16 @@ class LinearW4A16:
             # vote a warp where every scale fits (sm_90a, one group and tile: a loop of 187 instructions a step with
             # bf16 x against the general 233, fp16 x 175 against 402; 62-65 registers), twice the work where not.
             worst = self.k_loop(accs, args, "fold")
-            _, _, least, most = MX_FOLD[cfg.mma_dtype]
+            _, _, least, most = mx_fold_window(cfg.mma_dtype, True)
             if cute.arch.vote_any_sync(worst > Uint32(most - least)):
                 for a in accs:
                     a.fill(0.0)
                 self.k_loop(accs, args, "general")
+            else:
+                if const_expr(cfg.mma_dtype == "bf16"):  # the fold's sums, 2^-MX_FOLD_SHIFT of their values
+                    for a in accs:
+                        for i in cutlass.range_constexpr(cute.size(a)):
+                            a[i] = a[i] * Float32(2.0**MX_FOLD_SHIFT)
         else:
             first = 0
             if const_expr(cfg.mx_fold):
@@ -755,7 +776,7 @@ class LinearW4A16:
         x_words, w_words, sf, rows, toks, c, kq, k_lanes, part, n_full, my_steps, k = args
         kp = cfg.k_parts
         fold = mode == "fold"
-        least = MX_FOLD[cfg.mma_dtype][2] if fold else 0
+        least = mx_fold_window(cfg.mma_dtype, True)[2] if fold else 0
         worst = Uint32(0)
         for st in cutlass.range(first, my_steps, unroll=cfg.unroll):
             step_regs = self.make_regs()

@@ -872,24 +872,27 @@ def test_full_range_against_reference(fmt, layout, dtype, m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("scales", ["fit", "mixed", "full"])
+@pytest.mark.parametrize("scales", ["fit", "low", "mixed", "full"])
 @pytest.mark.parametrize("m,n,k,override", [(1, 300, 4096, {}), (4, 256, 2880, {}), (8, 200, 7168, {}),
                                             (16, 512, 4160, {}), (12, 640, 8192, dict(x_fragments=True)),
                                             (16, 384, 4096, dict(groups=2, k_warps=4)),
                                             (4, 512, 4096, dict(x_fragments=True)),
                                             (6, 300, 2880, dict(x_fragments=True))], ids=str)
 def test_mxfp4_scale_fold(dtype, scales, m, n, k, override):
-    """MXFP4's scale fold (MX_FOLD: one multiply a placed pair where a warp's step has every scale in range, bf16 up
-    to 2^1, f16 from 2^-20 to 2^9) against the reference and against the general path on every step (mx_fold
-    False): scales all in range, in range but for a few blocks scattered over K and rows (warps leave the fold in
-    mid-K), and over the full test range (most steps general). With bf16 x both paths multiply the same exact
-    products in the same order: bit-identical."""
-    from cute_kernels.linear_w4a16 import MX_FOLD
+    """MXFP4's scale fold (one multiply a placed pair where the scales are in range: bf16 on the whole-K fold from
+    2^-63 to 2^17, f16 from 2^-20 to 2^9; mx_fold_window) against the reference and against the general path on
+    every step (mx_fold False): scales all in range (up to its top, and its lowest 27), in range but for a few
+    blocks scattered over K and rows (warps leave the fold in mid-K), and over the full test range (most warps
+    general). With bf16 x both paths multiply the same exact products in the same order, the fold's 2^-16 of them
+    put back exactly: bit-identical."""
+    from cute_kernels.linear_w4a16 import mx_fold_window
 
     g = torch.Generator().manual_seed(k + m)
     w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
     key = "bf16" if dtype == torch.bfloat16 else "fp16"
-    lo, hi = {"fit": (max(MX_FOLD[key][2], 112), MX_FOLD[key][3]), "mixed": (118, 128), "full": (90, 165)}[scales]
+    _, _, least, most = mx_fold_window(key, kernels.mx_fold_redo_for(key))  # bf16: 2^-63 to 2^17, fp16 2^-20 to 2^9
+    lo, hi = {"fit": (max(least, 112), most), "low": (least, least + 26), "mixed": (118, 128),
+              "full": (40, 165)}[scales]
     sf = torch.randint(lo, hi + 1, (n, k // 32), dtype=torch.uint8, generator=g)
     if scales == "mixed":
         rows = torch.randint(0, n, (6,), generator=g)
