@@ -489,8 +489,8 @@ def x_fragments_for(m: int, n: int, k: int, fmt: str, x_dtype: str = "bf16") -> 
 # scale, and the warp's K again on the general path where a vote after the loop finds a scale outside 2^-63..2^17
 # (the fold's products carry 2^-16 there, put back on the warp's sums after the loop: MX_FOLD_SHIFT; unshifted, its
 # range ended at 2^1, and the bench's own scales, 2^-9..2^3, sent every warp to the redo). Its loop is 187
-# instructions a step against the general
-# 233 (NVFP4's: 198) at 62 registers, NVFP4's count. Measured on an H100 (no H200 was lent that day; `nvfp4-gemv ab
+# instructions a step against the general 233 (NVFP4's: 198) at 62 registers, NVFP4's count. Measured on an H100
+# (no H200 was lent that day; `nvfp4-gemv ab
 # mx_fold_bf16`, docs/linear_h100_ab_mx_fold_bf16.csv, the 12 bench shapes at 1-16 tokens, block-columns points
 # left out, two alternating rounds): with checkpoint scales (2^-15..2^1) 0.886-0.992 of the general path's time at
 # 32 of the 33 points of the eight weights of 8 MB of codes or more where the split takes no cap below 56 registers
