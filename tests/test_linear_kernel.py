@@ -649,10 +649,8 @@ def test_mx_fold_rule(monkeypatch):
         assert "a step's scales fit" in kernels.describe(m, n, k, "mxfp4", torch.float16)
         cfg = kernels.config_for(m, n, k, "nvfp4", "plain", "fp16", False, False)
         assert not cfg.mx_fold and cfg.mma_dtype == "fp16"
-    # bf16 x: the general path as dispatched (MX_FOLD_X_DTYPES); with bf16 in the rule, where the fold is taken, the
-    # split (and anything else the rules choose) is the general path's
-    assert not kernels.config_for(4, 28672, 4096, "mxfp4", "plain", "bf16", False, False).mx_fold
-    monkeypatch.setattr(kernels, "MX_FOLD_X_DTYPES", ("fp16", "bf16"))
+    # bf16 x: where the fold is taken, the split (and anything else the rules choose) is the general path's
+    assert kernels.MX_FOLD_X_DTYPES == ("fp16", "bf16")
     folded = 0
     for (n, k), m in itertools.product([(6144, 4096), (28672, 4096), (4096, 14336), (8192, 28672), (5760, 2880),
                                         (4096, 4096), (2880, 2880), (10240, 8192), (2048, 768)],

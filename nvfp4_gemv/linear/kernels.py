@@ -505,11 +505,13 @@ def x_fragments_for(m: int, n: int, k: int, fmt: str, x_dtype: str = "bf16") -> 
 #
 # That A/B drew its scales from 2^-15..2^1. At the bench's own (MXFP4_SCALES, 2^-9..2^3) every warp met a scale past
 # 2^1 and redid its K: on an H100 1.20-1.80 x the vote a step's time, 1.59 x the general path's on geomean over 15
-# dispatched points (`nvfp4-gemv ab mx_fold_designs`, docs/linear_h100_ab_mx_fold_designs.csv). The fold's range with
-# bf16 x now reaches 2^17 (MX_FOLD_SHIFT: compiled, checked in the SASS, and tested on the CPU; its GPU tests and A/B
-# are still to be run), so until they are, bf16 x stays on the general path: MX_FOLD_X_DTYPES holds fp16 only, and the
-# A/Bs and tests that time or check the bf16 rule put bf16 back in it.
-MX_FOLD_X_DTYPES = ("fp16",)
+# dispatched points (docs/linear_h100_ab_mx_fold_designs.csv). The fold's range with bf16 x now reaches 2^17
+# (MX_FOLD_SHIFT), and at those scales the same 15 points take 0.915-0.988 of the general path's time, 0.962 on
+# geomean (H100, `nvfp4-gemv ab mx_fold_designs`, docs/linear_h100_ab_mx_fold_designs_2.csv; bench.mx_fold_ab,
+# docs/linear_h100_ab_mx_fold_bf16_2.csv, every point at 1, 4 and 16 tokens: 0.82-1.06 at the bench's scales, the
+# points over 1.0 all ones the rule leaves out but 4096 x 4096 at 4 tokens, 1.004; 1.23-1.89 where the scales span the
+# whole e8m0 range and every warp redoes its K). The H200 A/B is still to be run.
+MX_FOLD_X_DTYPES = ("fp16", "bf16")
 MX_FOLD_MIN_CODE_BYTES = {"fp16": 0, "bf16": 6 << 20}
 MX_FOLD_MIN_CAP = 56
 
