@@ -224,8 +224,7 @@ def mx_fold_designs_ab(shapes=SHAPES, tokens=(1, 4, 16), rounds=2, csv_path=None
     """µs per call of MXFP4 with checkpoint scales (MXFP4_SCALES) at every (x dtype, shape, M) where the launcher
     takes the scale fold: the general path, the fold with a vote a step, and the fold over the whole K with a redo
     (mx_fold_redo), each at the dispatched split and cap, alternately `rounds` times, the best of each; with the read
-    of the same bytes: the data behind `kernels.mx_fold_redo_for`. bf16 x is put in `kernels.MX_FOLD_X_DTYPES` for
-    the run (the split its rule would dispatch)."""
+    of the same bytes: the data behind `kernels.mx_fold_redo_for`."""
     from nvfp4_gemv.linear import kernels
 
     rows = []
@@ -233,8 +232,7 @@ def mx_fold_designs_ab(shapes=SHAPES, tokens=(1, 4, 16), rounds=2, csv_path=None
         for n, k in shapes:
             read = None
             for m in tokens:
-                with _kernels_patched(MX_FOLD_X_DTYPES=("fp16", "bf16")):
-                    cfg = kernels.config_for(m, n, k, "mxfp4", "plain", x_dtype, False, False)
+                cfg = kernels.config_for(m, n, k, "mxfp4", "plain", x_dtype, False, False)
                 if not cfg.mx_fold:
                     continue
                 read = read or _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
