@@ -486,22 +486,21 @@ def x_fragments_for(m: int, n: int, k: int, fmt: str, x_dtype: str = "bf16") -> 
 # scales and 1.02-1.10 over the whole range.
 #
 # With bf16 x the fold goes the other way (LinearW4A16Config.mx_fold_redo): every step on the fold, one compare a
-# scale, and the warp's K again on the general path where a vote after the loop finds a scale outside 2^-63..2^17
-# (the fold's products carry 2^-16 there, put back on the warp's sums after the loop: MX_FOLD_SHIFT; unshifted, its
-# range ended at 2^1, and the bench's own scales, 2^-9..2^3, sent every warp to the redo). Its loop is 187
-# instructions a step against the general 233 (NVFP4's: 198) at 62 registers, NVFP4's count. Measured on an H100
-# (no H200 was lent that day; `nvfp4-gemv ab
-# mx_fold_bf16`, docs/linear_h100_ab_mx_fold_bf16.csv, the 12 bench shapes at 1-16 tokens, block-columns points
-# left out, two alternating rounds): with checkpoint scales (2^-15..2^1) 0.886-0.992 of the general path's time at
-# 32 of the 33 points of the eight weights of 8 MB of codes or more where the split takes no cap below 56 registers
-# (4096 x 4096 at 16 tokens: 1.025); 0.98-1.07 on the three weights of 4 MB or less (a short kernel, where the vote
-# and the second loop's code cost more than the loop saves); 1.02-1.05 where the split caps the registers at 48
-# (10240 x 8192 at 1, 2 and 8 tokens: the fold's loop spills there). Over the whole e8m0 range every warp redoes its
-# K: 1.47-1.60 x. The A/B timed both at the fold's split; where x in fragment order counts fewer registers without
-# the fold (FRAGMENT_REGISTERS: one group of 16 tokens), that split is not the general path's. So bf16 x takes the
-# fold from MX_FOLD_MIN_CODE_BYTES of codes, at 1-16 tokens, where its split is the general path's own and the
-# split's cap, if any, is at least MX_FOLD_MIN_CAP: 27 of the A/B's points, 0.886-0.992 (0.958 on geomean). The same
-# A/B on the H200 is still to be run.
+# scale, and the warp's K again on the general path where a vote after the loop finds a scale outside 2^-63..2^17 (the
+# fold's products carry 2^-16 there, put back on the warp's sums after the loop: MX_FOLD_SHIFT; unshifted, its range
+# ended at 2^1, and the bench's own scales, 2^-9..2^3, sent every warp to the redo). Its loop is 187 instructions a
+# step against the general 233 (NVFP4's: 198) at 62 registers, NVFP4's count. Measured on an H100 (no H200 was lent
+# that day; `nvfp4-gemv ab mx_fold_bf16`, docs/linear_h100_ab_mx_fold_bf16.csv, the 12 bench shapes at 1-16 tokens,
+# block-columns points left out, two alternating rounds): with checkpoint scales (2^-15..2^1) 0.886-0.992 of the
+# general path's time at 32 of the 33 points of the eight weights of 8 MB of codes or more where the split takes no
+# cap below 56 registers (4096 x 4096 at 16 tokens: 1.025); 0.98-1.07 on the three weights of 4 MB or less (a short
+# kernel, where the vote and the second loop's code cost more than the loop saves); 1.02-1.05 where the split caps the
+# registers at 48 (10240 x 8192 at 1, 2 and 8 tokens: the fold's loop spills there). Over the whole e8m0 range every
+# warp redoes its K: 1.47-1.60 x. The A/B timed both at the fold's split; where x in fragment order counts fewer
+# registers without the fold (FRAGMENT_REGISTERS: one group of 16 tokens), that split is not the general path's. So
+# bf16 x takes the fold from MX_FOLD_MIN_CODE_BYTES of codes, at 1-16 tokens, where its split is the general path's
+# own and the split's cap, if any, is at least MX_FOLD_MIN_CAP: 27 of the A/B's points, 0.886-0.992 (0.958 on
+# geomean).
 #
 # That A/B drew its scales from 2^-15..2^1. At the bench's own (MXFP4_SCALES, 2^-9..2^3) every warp met a scale past
 # 2^1 and redid its K: on an H100 1.20-1.80 x the vote a step's time, 1.59 x the general path's on geomean over 15
