@@ -659,6 +659,8 @@ def test_mx_fold_rule(monkeypatch):
             mp.setitem(kernels.MX_FOLD_MIN_CODE_BYTES, "bf16", 1 << 62)
             general = kernels.config_for(m, n, k, "mxfp4", "plain", "bf16", False, False)
         assert not general.mx_fold and cfg.mma_dtype == ("fp16" if cfg.block_columns else "bf16")
+        # naming the fold off keeps every other rule: the general path's config, x in fragment order included
+        assert kernels.config_for(m, n, k, "mxfp4", "plain", "bf16", False, False, mx_fold=False) == general
         if cfg.mx_fold:
             folded += 1
             assert cfg.mx_fold_redo and n * k // 2 >= 6 << 20 and m <= 16, cfg

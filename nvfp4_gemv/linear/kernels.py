@@ -555,12 +555,15 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     """The kernel config for one call shape: the token tiles from token_tiles_for, the split from choose_split, and
     K split over a cluster from k_splits_for; both see the CTAs along M as more rows. Past 32 tokens, the grid's
     order from m_major_for."""
+    # The rules hold unless a sweep or test names other config fields; naming the scale fold (on or off) or the
+    # scale dtype leaves the split's rules in force, so the fold can be compared at the split it would run on.
+    ruled = set(override) <= {"sf_dtype", "mx_fold", "mx_fold_redo"}
     columns = override.get("block_columns")
-    if columns is None:  # the rule, unless a sweep or test names other config fields
-        columns = set(override) <= {"sf_dtype"} and block_columns_for(m, n, k, fmt, sms, x_dtype)
+    if columns is None:
+        columns = ruled and not override.get("mx_fold") and block_columns_for(m, n, k, fmt, sms, x_dtype)
     fragments = override.get("x_fragments")
     if fragments is None:
-        fragments = set(override) <= {"sf_dtype", "block_columns"} and not columns and x_fragments_for(
+        fragments = (ruled or set(override) <= {"sf_dtype", "block_columns"}) and not columns and x_fragments_for(
             m, n, k, fmt, x_dtype)
     fold = override.get("mx_fold")
     fold_rule = fold is None
