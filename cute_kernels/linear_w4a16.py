@@ -727,9 +727,7 @@ class LinearW4A16:
             # the general path, which makes the same exact products in the same order. One compare a scale and one
             # vote a warp where every scale fits (sm_90a, one group and tile: a loop of 187 instructions a step with
             # bf16 x against the general 233, fp16 x 175 against 402; 62-65 registers), twice the work where not.
-            worst = self.k_loop(accs, args, "fold")
-            _, _, least, most = mx_fold_window(cfg.mma_dtype, True)
-            if cute.arch.vote_any_sync(worst > Uint32(most - least)):
+            if cute.arch.vote_any_sync(self.k_loop(accs, args, "fold")):
                 for a in accs:
                     a.fill(0.0)
                 self.k_loop(accs, args, "general")
@@ -769,14 +767,15 @@ class LinearW4A16:
     @cute.jit
     def k_loop(self, accs, args, mode: str, first=0):
         """This warp's full steps from its `first` (every k_lanes-th step of the K lane kq), then the last partial step,
-        into accs. `mode`: "general" (MXFP4's general path), "fold" (every step on MXFP4's scale fold, returning the
-        largest distance of a scale byte above the fold's least: unsigned, so a byte below it is far; else 0) or
-        "vote" (the full steps general, the partial step on the fold where its scales fit: `compute`)."""
+        into accs. `mode`: "general" (MXFP4's general path), "fold" (every step on MXFP4's scale fold, keeping the
+        largest distance of a scale byte above the fold's least: unsigned, so a byte below it is far) or
+        "vote" (the full steps general, the partial step on the fold where its scales fit: `compute`). With "fold",
+        returns whether a scale byte of this lane's K lay outside the fold's window (mx_fold_window with the redo)."""
         cfg = self.cfg
         x_words, w_words, sf, rows, toks, c, kq, k_lanes, part, n_full, my_steps, k = args
         kp = cfg.k_parts
         fold = mode == "fold"
-        least = mx_fold_window(cfg.mma_dtype, True)[2] if fold else 0
+        _, _, least, most = mx_fold_window(cfg.mma_dtype, True)
         worst = Uint32(0)
         for st in cutlass.range(first, my_steps, unroll=cfg.unroll):
             step_regs = self.make_regs()
@@ -797,7 +796,7 @@ class LinearW4A16:
                     self.compute_step(regs, accs, fold)
                 if const_expr(fold):
                     worst = self.scale_distance(worst, regs, least)
-        return worst
+        return worst > Uint32(most - least)
 
     def scale_distance(self, worst, regs, least: int):
         """worst, or the distance above `least` of a scale byte of this loaded step where that is larger (unsigned)."""
