@@ -557,14 +557,13 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     order from m_major_for."""
     # The rules hold unless a sweep or test names other config fields; naming the scale fold (on or off) or the
     # scale dtype leaves the split's rules in force, so the fold can be compared at the split it would run on.
-    ruled = set(override) <= {"sf_dtype", "mx_fold", "mx_fold_redo"}
+    named = set(override) - {"sf_dtype", "mx_fold", "mx_fold_redo"}
     columns = override.get("block_columns")
     if columns is None:
-        columns = ruled and not override.get("mx_fold") and block_columns_for(m, n, k, fmt, sms, x_dtype)
+        columns = not named and not override.get("mx_fold") and block_columns_for(m, n, k, fmt, sms, x_dtype)
     fragments = override.get("x_fragments")
     if fragments is None:
-        fragments = (ruled or set(override) <= {"sf_dtype", "block_columns"}) and not columns and x_fragments_for(
-            m, n, k, fmt, x_dtype)
+        fragments = named <= {"block_columns"} and not columns and x_fragments_for(m, n, k, fmt, x_dtype)
     fold = override.get("mx_fold")
     fold_rule = fold is None
     if fold_rule:
