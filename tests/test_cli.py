@@ -348,7 +348,7 @@ def test_ab_runs_name_their_points(monkeypatch, tmp_path):
     assert counts == dict(k_warps=18, x_fragments=168, x_fragments_few=48, fragments_fp16=24, mx_fold=104, one_group=20,
                           fragments_capped_64=45, fragments_capped_96=6, token_tiles=60, chunk_bytes=210,
                           register_partitions=6, held_out=70, k_parts_many=300, w_l2_prefetch=96,
-                          mx_fold_bf16=92, mx_fold_designs=47)
+                          mx_fold_bf16=92, mx_fold_designs=47, columns_or_fold=50)
 
 
 def test_ab_runs_build_their_configs(monkeypatch):
@@ -366,7 +366,7 @@ def test_ab_runs_build_their_configs(monkeypatch):
 
     monkeypatch.setattr(bench, "ours", config_only)
     monkeypatch.setattr(bench, "_time", lambda factory: factory() if "ours" in factory.__code__.co_names else 1.0)
-    for name in ("mx_fold", "mx_fold_bf16", "mx_fold_designs", "x_fragments"):
+    for name in ("mx_fold", "mx_fold_bf16", "mx_fold_designs", "x_fragments", "columns_or_fold"):
         bench.AB_RUNS[name][1](rounds=1, csv_path=None, log=lambda *a: None)
     assert any(c.mx_fold_redo for c in built) and any(c.mx_fold and not c.mx_fold_redo for c in built)
     assert any(c.block_columns for c in built) and any(not c.mx_fold and c.fmt == "mxfp4" for c in built)

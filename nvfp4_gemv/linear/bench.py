@@ -662,6 +662,11 @@ AB_RUNS = {
     "held_out": ("the three rules of 2026-12-05 (one group at 12-16 tokens, 32-token CTAs at 32 and 64, the register "
                  "file's partitions at 1-16) against the rules before each, on shapes drawn with a seed none was "
                  "read from, bf16 and fp16 x", held_out_ab),
+    "columns_or_fold": ("MXFP4 at 1-2 tokens where block columns are dispatched, against the rules without them (the "
+                        "scale fold, or the general path), bf16 and fp16 x, the bench shapes and 24 drawn ones",
+                        lambda **kw: rules_ab(dict(COLUMNS_MIN_WEIGHT_BYTES={"bf16": 1 << 62, "fp16": 1 << 62}),
+                                              shapes=SHAPES + tuple(drawn_shapes(24, 1209)), tokens=(1, 2),
+                                              formats=("mxfp4",), dtypes=(torch.bfloat16, torch.float16), **kw)),
     "k_parts_many": ("four and eight K parts a row against the dispatched config, 1, 2 and 4 tokens",
                      k_parts_many_sweep),
     "w_l2_prefetch": ("W's loads with .L2::128B against without, 1-16 tokens", w_l2_prefetch_ab),
