@@ -667,6 +667,12 @@ AB_RUNS = {
                         lambda **kw: rules_ab(dict(COLUMNS_MIN_WEIGHT_BYTES={"bf16": 1 << 62, "fp16": 1 << 62}),
                                               shapes=SHAPES + tuple(drawn_shapes(24, 1209)), tokens=(1, 2),
                                               formats=("mxfp4",), dtypes=(torch.bfloat16, torch.float16), **kw)),
+    "one_group_fold": ("16-token CTAs of MXFP4's scale fold with x in fragment order: one group and more warps "
+                       "(ONE_GROUP_FRAGMENTS with the fold's keys) against two groups, 9-16 tokens, fp16 x, the bench "
+                       "shapes and 40 drawn ones",
+                       lambda **kw: rules_ab(dict(ONE_GROUP_FRAGMENTS=("bf16", "fp16 fold", "bf16 fold")),
+                                             shapes=SHAPES + tuple(drawn_shapes(40, 1205)), tokens=(9, 12, 16),
+                                             formats=("mxfp4",), dtypes=(torch.float16, torch.bfloat16), **kw)),
     "k_parts_many": ("four and eight K parts a row against the dispatched config, 1, 2 and 4 tokens",
                      k_parts_many_sweep),
     "w_l2_prefetch": ("W's loads with .L2::128B against without, 1-16 tokens", w_l2_prefetch_ab),
