@@ -673,6 +673,11 @@ AB_RUNS = {
                        lambda **kw: rules_ab(dict(ONE_GROUP_FRAGMENTS=("bf16", "fp16 fold", "bf16 fold")),
                                              shapes=SHAPES + tuple(drawn_shapes(40, 1205)), tokens=(9, 12, 16),
                                              formats=("mxfp4",), dtypes=(torch.float16, torch.bfloat16), **kw)),
+    "mx_fold_min_cap": ("bf16 x on MXFP4's scale fold under the 48-register cap too (MX_FOLD_MIN_CAP 0) against the "
+                        "general path there, 1-8 tokens, the bench shapes and 40 drawn ones",
+                        lambda **kw: rules_ab(dict(MX_FOLD_MIN_CAP=0), shapes=SHAPES + tuple(drawn_shapes(40, 1205)),
+                                              tokens=(1, 2, 3, 4, 6, 8), formats=("mxfp4",), dtypes=(torch.bfloat16,),
+                                              **kw)),
     "k_parts_many": ("four and eight K parts a row against the dispatched config, 1, 2 and 4 tokens",
                      k_parts_many_sweep),
     "w_l2_prefetch": ("W's loads with .L2::128B against without, 1-16 tokens", w_l2_prefetch_ab),
