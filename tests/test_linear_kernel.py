@@ -880,7 +880,8 @@ def test_full_range_against_reference(fmt, layout, dtype, m, n, k):
                                             (16, 384, 4096, dict(groups=2, k_warps=4)),
                                             (4, 512, 4096, dict(x_fragments=True)),
                                             (6, 300, 2880, dict(x_fragments=True)),
-                                            (16, 520, 4096, dict(x_fragments=True, groups=1, k_warps=3, k_parts=1, token_tiles=2))], ids=str)
+                                            (16, 520, 4096, dict(x_fragments=True, groups=1, k_warps=3, k_parts=1,
+                                                                 token_tiles=2))], ids=str)
 def test_mxfp4_scale_fold(dtype, scales, m, n, k, override):
     """MXFP4's scale fold (one multiply a placed pair where the scales are in range: bf16 on the whole-K fold from
     2^-63 to 2^17, f16 from 2^-20 to 2^9; mx_fold_window) against the reference and against the general path on
