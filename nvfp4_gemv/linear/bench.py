@@ -422,7 +422,9 @@ def fragments_capped(groups: int, registers: int, x_dtypes=("bf16",)) -> dict:
 # The launcher's rules before each rule the A/B runs of 2026-12-05 adopted, as `rules_ab` patches (names in
 # nvfp4_gemv.linear.kernels): one group at 16 tokens, 32-token CTAs, the register file's partitions.
 RULES_BEFORE = {"one_group": dict(ONE_GROUP_FRAGMENTS=()), "token_tiles": dict(TOKEN_TILES_4_X_DTYPES=()),
-                "register_partitions": dict(resident_ctas=ctas_per_sm)}
+                "register_partitions": dict(resident_ctas=ctas_per_sm),
+                "one_group_fold": dict(ONE_GROUP_FRAGMENTS=("bf16",)),
+                "mx_fold_min_cap": dict(MX_FOLD_MIN_CAP_FRAGMENTS=56)}
 
 
 def one_group_ab(shapes=SHAPES, tokens=(12, 16), formats=FORMATS, dtypes=(torch.bfloat16,), rounds=2, csv_path=None,
@@ -667,17 +669,18 @@ AB_RUNS = {
                         lambda **kw: rules_ab(dict(COLUMNS_MIN_WEIGHT_BYTES={"bf16": 1 << 62, "fp16": 1 << 62}),
                                               shapes=SHAPES + tuple(drawn_shapes(24, 1209)), tokens=(1, 2),
                                               formats=("mxfp4",), dtypes=(torch.bfloat16, torch.float16), **kw)),
-    "one_group_fold": ("16-token CTAs of MXFP4's scale fold with x in fragment order: one group and more warps "
-                       "(ONE_GROUP_FRAGMENTS with the fold's keys) against two groups, 9-16 tokens, fp16 x, the bench "
-                       "shapes and 40 drawn ones",
-                       lambda **kw: rules_ab(dict(ONE_GROUP_FRAGMENTS=("bf16", "fp16 fold", "bf16 fold")),
+    "one_group_fold": ("16-token CTAs of MXFP4's scale fold with x in fragment order: two groups (the rules before "
+                       "the fold's keys joined ONE_GROUP_FRAGMENTS) against the dispatched one group, 9-16 tokens, "
+                       "fp16 and bf16 x, the bench shapes and 40 drawn ones",
+                       lambda **kw: rules_ab(RULES_BEFORE["one_group_fold"], False,
                                              shapes=SHAPES + tuple(drawn_shapes(40, 1205)), tokens=(9, 12, 16),
                                              formats=("mxfp4",), dtypes=(torch.float16, torch.bfloat16), **kw)),
-    "mx_fold_min_cap": ("bf16 x on MXFP4's scale fold under the 48-register cap too (MX_FOLD_MIN_CAP 0) against the "
-                        "general path there, 1-8 tokens, the bench shapes and 40 drawn ones",
-                        lambda **kw: rules_ab(dict(MX_FOLD_MIN_CAP=0), shapes=SHAPES + tuple(drawn_shapes(40, 1205)),
-                                              tokens=(1, 2, 3, 4, 6, 8), formats=("mxfp4",), dtypes=(torch.bfloat16,),
-                                              **kw)),
+    "mx_fold_min_cap": ("bf16 x on MXFP4 with x in fragment order under the 48-register cap: the general path (the "
+                        "rules before MX_FOLD_MIN_CAP_FRAGMENTS) against the dispatched scale fold, 1-8 tokens, the "
+                        "bench shapes and 40 drawn ones",
+                        lambda **kw: rules_ab(RULES_BEFORE["mx_fold_min_cap"], False,
+                                              shapes=SHAPES + tuple(drawn_shapes(40, 1205)), tokens=(1, 2, 3, 4, 6, 8),
+                                              formats=("mxfp4",), dtypes=(torch.bfloat16,), **kw)),
     "k_parts_many": ("four and eight K parts a row against the dispatched config, 1, 2 and 4 tokens",
                      k_parts_many_sweep),
     "w_l2_prefetch": ("W's loads with .L2::128B against without, 1-16 tokens", w_l2_prefetch_ab),

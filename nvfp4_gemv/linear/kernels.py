@@ -182,8 +182,13 @@ TWO_GROUPS_MAX_K_WARPS = 4
 # (bench.one_group_ab; docs/linear_h200_ab_one_group.csv; BENCHMARKS.md, "The A/B runs of 2026-12-05"): 20 points
 # differ, 0.908 of the time on geomean, 0.83-1.00 (8192 x 28672 at 16 tokens: two groups of 8 k-warps, 15.5 warps an
 # SM, against one group of 7 capped at 72 registers, 27: 0.95). Only x dtypes measured (fp16 x, whose fragments take a
-# register cap, keeps two groups).
-ONE_GROUP_FRAGMENTS = ("bf16",)
+# register cap, keeps two groups). MXFP4's scale fold ("<x dtype> fold", fragments_key; one group of 16 tokens capped
+# at 80 registers by mx_fold_cap, no spill in the fold's loop, sm_90a) against its two-group split at 9, 12 and 16
+# tokens, fp16 x, on the same shapes (`nvfp4-gemv ab one_group_fold`, docs/linear_h100_ab_one_group_fold.csv; an
+# H100, as the rule's bf16 held-out run was, at 0.86-0.97 like the H200's): all 18 points that differ faster,
+# 0.860-0.989 (14336 x 4096 at 16 tokens: 1.57 -> 1.39 x the read). bf16 x on the fold never has two groups there
+# (the fold takes only the general path's split), so its key is in for the same reason.
+ONE_GROUP_FRAGMENTS = ("bf16", "fp16 fold", "bf16 fold")
 
 
 def chain(steps: int, k_warps: int) -> int:
@@ -510,9 +515,16 @@ def x_fragments_for(m: int, n: int, k: int, fmt: str, x_dtype: str = "bf16") -> 
 # docs/linear_h100_ab_mx_fold_bf16_2.csv, every point at 1, 4 and 16 tokens: 0.82-1.06 at the bench's scales, the
 # points over 1.0 all ones the rule leaves out but 4096 x 4096 at 4 tokens, 1.004; 1.23-1.89 where the scales span the
 # whole e8m0 range and every warp redoes its K). The H200 A/B is still to be run.
+#
+# Under the 48-register cap (CAPS) the fold against the general path, every point of the bench shapes and 40 drawn
+# ones at 1-8 tokens where the rule left the cap out (H100, docs/linear_h100_ab_mx_fold_min_cap.csv, 40 points): with x
+# in fragment order 0.93-1.01 (0.975 on geomean over 22 points; none over 1.008), without it 1.03-1.12 over all 18. So
+# the cap leaves the fold out only where x is loaded plain (MX_FOLD_MIN_CAP; MX_FOLD_MIN_CAP_FRAGMENTS with x in
+# fragment order).
 MX_FOLD_X_DTYPES = ("fp16", "bf16")
 MX_FOLD_MIN_CODE_BYTES = {"fp16": 0, "bf16": 6 << 20}
 MX_FOLD_MIN_CAP = 56
+MX_FOLD_MIN_CAP_FRAGMENTS = 0
 
 
 def mx_fold_for(fmt: str, x_dtype: str, n: int = 0, k: int = 0) -> bool:
@@ -579,9 +591,10 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     chosen = split(fold)
     if fold_rule and fold and mx_fold_redo_for(x_dtype):
         # bf16 x takes the fold where it replaces the general path at the general path's own split, up to 16 tokens
-        # (as measured), and not under a cap its loop spills at
+        # (as measured), and not under a cap its loop spills at unless x is in fragment order
         general = split(False)
-        if chosen != general or 0 < chosen[4] < MX_FOLD_MIN_CAP or m > 16:
+        least = MX_FOLD_MIN_CAP_FRAGMENTS if fragments else MX_FOLD_MIN_CAP
+        if chosen != general or 0 < chosen[4] < least or m > 16:
             fold, chosen = False, general
     _, _, groups, k_warps, cap, splits = chosen
     redo = override.get("mx_fold_redo", fold and mx_fold_redo_for(x_dtype))
