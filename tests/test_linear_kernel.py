@@ -921,6 +921,33 @@ def test_mxfp4_scale_fold(dtype, scales, m, n, k, override):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("m,n,k,dtype,want", [
+    (16, 14336, 4096, torch.float16, dict(groups=1, k_warps=3, max_registers=80)),  # ONE_GROUP_FRAGMENTS, the fold
+    (12, 8144, 4416, torch.float16, dict(groups=1, k_warps=6, max_registers=80)),
+    (4, 10240, 8192, torch.bfloat16, dict(k_parts=2, max_registers=48)),  # MX_FOLD_MIN_CAP_FRAGMENTS
+], ids=str)
+def test_mxfp4_scale_fold_dispatched(m, n, k, dtype, want):
+    """The fold where the launcher takes it on a split the fold's A/B runs chose (one group of 16 tokens; bf16's fold
+    under the 48-register cap with x in fragment order): the config as dispatched, against the reference with
+    checkpoint-like scales and a few out of the fold's range, and with bf16 x bit-identical to the general path."""
+    cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "bf16" if dtype == torch.bfloat16 else "fp16", False, False)
+    assert cfg.mx_fold and cfg.x_fragments and all(getattr(cfg, f) == v for f, v in want.items()), cfg
+    g = torch.Generator().manual_seed(n + m)
+    w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    sf = torch.randint(112, 129, (n, k // 32), dtype=torch.uint8, generator=g)
+    sf[torch.randint(0, n, (8,), generator=g), torch.randint(0, k // 32, (8,), generator=g)] = 150
+    x = torch.randn(m, k, generator=g).to(dtype).cuda()
+    w, sfc = w.cuda(), sf.cuda()
+    y = _run(x, w, sfc, "mxfp4", "plain")
+    _check(y, x, w, sf, "mxfp4")
+    assert torch.equal(y, _run(x, w, sfc, "mxfp4", "plain"))
+    if dtype == torch.bfloat16:
+        general = kernels.config_for(m, n, k, "mxfp4", "plain", "bf16", False, False, mx_fold=False)
+        assert dataclasses.replace(cfg, mx_fold=False, mx_fold_redo=False) == general
+        assert torch.equal(y, _run(x, w, sfc, "mxfp4", "plain", mx_fold=False))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 @pytest.mark.parametrize("scales", ["fit", "full"])
 def test_mxfp4_scale_fold_with_inf_and_nan_in_x(dtype, scales):
