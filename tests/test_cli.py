@@ -349,7 +349,8 @@ def test_ab_runs_name_their_points(monkeypatch, tmp_path):
                           fragments_capped_64=45, fragments_capped_96=6, token_tiles=60, chunk_bytes=210,
                           register_partitions=6, held_out=82, k_parts_many=300, w_l2_prefetch=96,
                           mx_fold_bf16=92, mx_fold_designs=48, columns_or_fold=50,
-                          one_group_fold=18, mx_fold_min_cap=22)
+                          one_group_fold=18, mx_fold_min_cap=22,
+                          mx_fold_uncapped=38)
 
 
 def test_ab_runs_build_their_configs(monkeypatch):

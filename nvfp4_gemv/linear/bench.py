@@ -681,6 +681,11 @@ AB_RUNS = {
                         lambda **kw: rules_ab(RULES_BEFORE["mx_fold_min_cap"], False,
                                               shapes=SHAPES + tuple(drawn_shapes(40, 1205)), tokens=(1, 2, 3, 4, 6, 8),
                                               formats=("mxfp4",), dtypes=(torch.bfloat16,), **kw)),
+    "mx_fold_uncapped": ("fp16 x on MXFP4's scale fold where the split takes the 48-register cap (CAPS), against the "
+                         "split the rules give without that cap, 1-8 tokens, the bench shapes and 40 drawn ones",
+                         lambda **kw: rules_ab(dict(CAPS={}), shapes=SHAPES + tuple(drawn_shapes(40, 1205)),
+                                               tokens=(1, 2, 3, 4, 6, 8), formats=("mxfp4",),
+                                               dtypes=(torch.float16,), **kw)),
     "k_parts_many": ("four and eight K parts a row against the dispatched config, 1, 2 and 4 tokens",
                      k_parts_many_sweep),
     "w_l2_prefetch": ("W's loads with .L2::128B against without, 1-16 tokens", w_l2_prefetch_ab),
