@@ -925,10 +925,13 @@ def test_mxfp4_scale_fold(dtype, scales, m, n, k, override):
     (16, 14336, 4096, torch.float16, dict(groups=1, k_warps=3, max_registers=80)),  # ONE_GROUP_FRAGMENTS, the fold
     (12, 8144, 4416, torch.float16, dict(groups=1, k_warps=6, max_registers=80)),
     (4, 10240, 8192, torch.bfloat16, dict(k_parts=2, max_registers=48)),  # MX_FOLD_MIN_CAP_FRAGMENTS
+    (4, 18488, 8768, torch.float16, dict(groups=2, k_warps=3, k_parts=2, max_registers=72)),  # UNCAPPED_FRAGMENTS
+    (8, 10240, 8192, torch.float16, dict(groups=2, k_warps=8, k_parts=1, max_registers=72)),
 ], ids=str)
 def test_mxfp4_scale_fold_dispatched(m, n, k, dtype, want):
     """The fold where the launcher takes it on a split the fold's A/B runs chose (one group of 16 tokens; bf16's fold
-    under the 48-register cap with x in fragment order): the config as dispatched, against the reference with
+    under the 48-register cap with x in fragment order; fp16's fold with x in fragment order, no 48-register cap):
+    the config as dispatched, against the reference with
     checkpoint-like scales and a few out of the fold's range, and with bf16 x bit-identical to the general path."""
     cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "bf16" if dtype == torch.bfloat16 else "fp16", False, False)
     assert cfg.mx_fold and cfg.x_fragments and all(getattr(cfg, f) == v for f, v in want.items()), cfg

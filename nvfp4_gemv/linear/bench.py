@@ -424,7 +424,8 @@ def fragments_capped(groups: int, registers: int, x_dtypes=("bf16",)) -> dict:
 RULES_BEFORE = {"one_group": dict(ONE_GROUP_FRAGMENTS=()), "token_tiles": dict(TOKEN_TILES_4_X_DTYPES=()),
                 "register_partitions": dict(resident_ctas=ctas_per_sm),
                 "one_group_fold": dict(ONE_GROUP_FRAGMENTS=("bf16",)),
-                "mx_fold_min_cap": dict(MX_FOLD_MIN_CAP_FRAGMENTS=56)}
+                "mx_fold_min_cap": dict(MX_FOLD_MIN_CAP_FRAGMENTS=56),
+                "mx_fold_uncapped": dict(UNCAPPED_FRAGMENTS=())}
 
 
 def one_group_ab(shapes=SHAPES, tokens=(12, 16), formats=FORMATS, dtypes=(torch.bfloat16,), rounds=2, csv_path=None,
@@ -681,9 +682,11 @@ AB_RUNS = {
                         lambda **kw: rules_ab(RULES_BEFORE["mx_fold_min_cap"], False,
                                               shapes=SHAPES + tuple(drawn_shapes(40, 1205)), tokens=(1, 2, 3, 4, 6, 8),
                                               formats=("mxfp4",), dtypes=(torch.bfloat16,), **kw)),
-    "mx_fold_uncapped": ("fp16 x on MXFP4's scale fold where the split takes the 48-register cap (CAPS), against the "
-                         "split the rules give without that cap, 1-8 tokens, the bench shapes and 40 drawn ones",
-                         lambda **kw: rules_ab(dict(CAPS={}), shapes=SHAPES + tuple(drawn_shapes(40, 1205)),
+    "mx_fold_uncapped": ("fp16 x on MXFP4's scale fold with x in fragment order: the split under the 48-register cap "
+                         "(CAPS; the rules before UNCAPPED_FRAGMENTS) against the dispatched one without it, 1-8 "
+                         "tokens, the bench shapes and 40 drawn ones",
+                         lambda **kw: rules_ab(RULES_BEFORE["mx_fold_uncapped"], False,
+                                               shapes=SHAPES + tuple(drawn_shapes(40, 1205)),
                                                tokens=(1, 2, 3, 4, 6, 8), formats=("mxfp4",),
                                                dtypes=(torch.float16,), **kw)),
     "k_parts_many": ("four and eight K parts a row against the dispatched config, 1, 2 and 4 tokens",

@@ -114,13 +114,23 @@ def grid_warps(n: int, groups: int, k_warps: int) -> int:
     return -(-n // (16 * groups)) * k_warps
 
 
-def candidates(token_tiles: int, columns: str = "", groups_only: int = 0):
-    """(groups, k_warps, register cap or 0) the launcher may choose from (`groups_only`: of that many groups only)."""
+# x in fragment order on MXFP4's scale fold with fp16 x ("fp16 fold", fragments_key) takes no cap from CAPS: the fold
+# spills under it, and the split the rules give without it (two groups at 72 registers on every point measured) took
+# 0.918 of the capped split's time on geomean over the 22 points of the bench shapes and 40 drawn ones at 3-8 tokens
+# where they differ (0.81-1.06; 16 faster by over 3 %, 3 slower: 8944 x 4736 at 6-8 tokens, 18800 x 3328 at 6),
+# H100, `nvfp4-gemv ab mx_fold_uncapped`, docs/linear_h100_ab_mx_fold_uncapped.csv. With x loaded as it is (1-4
+# tokens) the two were even (1.00 over 16 points, 0.94-1.07), and the cap stays.
+UNCAPPED_FRAGMENTS = ("fp16 fold",)
+
+
+def candidates(token_tiles: int, columns: str = "", groups_only: int = 0, fragments: str = ""):
+    """(groups, k_warps, register cap or 0) the launcher may choose from (`groups_only`: of that many groups only;
+    `fragments`: the key of x in fragment order, fragments_key, as choose_split takes it)."""
     for groups, k_warps in SPLITS:
         if groups_only and groups != groups_only:
             continue
         yield groups, k_warps, 0
-        cap = None if columns else CAPS.get((groups, token_tiles))
+        cap = None if columns or fragments in UNCAPPED_FRAGMENTS else CAPS.get((groups, token_tiles))
         if cap and 2 <= REGISTER_FILE // (cap * 32 * k_warps) <= MAX_CTAS_PER_SM:
             yield groups, k_warps, cap
 
@@ -208,7 +218,7 @@ def choose_split(n: int, k: int, sms: int, token_tiles: int = 1, columns: str = 
     steps = k_steps(k)
     fits = []  # (key, split, fill of one wave) of the candidates whose grid fits one resident wave
     fewest, fewest_waves = None, None
-    for groups, k_warps, cap in candidates(token_tiles, columns, groups_only):
+    for groups, k_warps, cap in candidates(token_tiles, columns, groups_only, fragments):
         wave = resident_warps(groups, k_warps, token_tiles, cap, columns, fragments) * sms
         if wave == 0:
             continue
@@ -389,15 +399,16 @@ def _split(m: int, n: int, k: int, sms: int, parts: int, token_tiles: int, colum
                                                            columns)
 
 
-def k_parts_for(m: int, n: int, k: int, sms: int) -> int:
+def k_parts_for(m: int, n: int, k: int, sms: int, fragments: str = "") -> int:
     """1 or 2 K parts a row for M tokens (see K_PARTS_MAX_TOKENS): two at 3-4 tokens; at 1-2 where one part's
     grid (choose_split's split, k_splits_for's cluster) fills under half a resident wave or leaves the SMs' last
     round of CTAs under K_PARTS_MIN_BALANCE full; at 5-16 where a cluster would shorten one part's chain at all
     (k_splits_for with min_chain 1: the test the measurement below was made with); never past 16 tokens,
-    nor where the two-part split is CTAs of one group and fewer than 4 warps."""
+    nor where the two-part split is CTAs of one group and fewer than 4 warps. `fragments`: the key of x in fragment
+    order (fragments_key), which the two-part split is chosen with (UNCAPPED_FRAGMENTS)."""
     if m > 16:
         return 1
-    _, _, groups2, k_warps2, _, _ = _split(m, n, k, sms, 2, 1)
+    _, _, groups2, k_warps2, _, _ = _split(m, n, k, sms, 2, 1, "", fragments)
     if groups2 == 1 and k_warps2 < 4:
         return 1
     if K_PARTS_ALWAYS_TOKENS <= m <= K_PARTS_MAX_TOKENS:
@@ -580,7 +591,8 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     fold_rule = fold is None
     if fold_rule:
         fold = not columns and mx_fold_for(fmt, x_dtype, n, k)
-    parts = 1 if columns else override.get("k_parts") or k_parts_for(m, n, k, sms)
+    parts = 1 if columns else override.get("k_parts") or k_parts_for(
+        m, n, k, sms, fragments_key(x_dtype, fold) if fragments else "")
     token_tiles = 1 if columns else override.get("token_tiles") or (
         1 if parts >= 2 else token_tiles_for(m, n, k, x_dtype, fragments))
 
