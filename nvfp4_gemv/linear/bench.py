@@ -428,6 +428,13 @@ RULES_BEFORE = {"one_group": dict(ONE_GROUP_FRAGMENTS=()), "token_tiles": dict(T
                 "mx_fold_uncapped": dict(UNCAPPED_FRAGMENTS=())}
 
 
+def _before_ab(rule: str, tokens, formats, dtypes):
+    """An `ab` run of one adopted rule: `rules_ab` with the rules before it (RULES_BEFORE[rule]) against the dispatched
+    ones, on the bench shapes and 40 drawn ones (seed 1205)."""
+    return lambda **kw: rules_ab(RULES_BEFORE[rule], False, SHAPES + tuple(drawn_shapes(40, 1205)), tokens, formats,
+                                 dtypes, **kw)
+
+
 def one_group_ab(shapes=SHAPES, tokens=(12, 16), formats=FORMATS, dtypes=(torch.bfloat16,), rounds=2, csv_path=None,
                  log=print):
     """µs per call at every (shape, M, format, x dtype) where `kernels.ONE_GROUP_FRAGMENTS` changes the launcher's
@@ -673,32 +680,23 @@ AB_RUNS = {
     "one_group_fold": ("16-token CTAs of MXFP4's scale fold with x in fragment order: two groups (the rules before "
                        "the fold's keys joined ONE_GROUP_FRAGMENTS) against the dispatched one group, 9-16 tokens, "
                        "fp16 and bf16 x, the bench shapes and 40 drawn ones",
-                       lambda **kw: rules_ab(RULES_BEFORE["one_group_fold"], False,
-                                             shapes=SHAPES + tuple(drawn_shapes(40, 1205)), tokens=(9, 12, 16),
-                                             formats=("mxfp4",), dtypes=(torch.float16, torch.bfloat16), **kw)),
+                       _before_ab("one_group_fold", (9, 12, 16), ("mxfp4",), (torch.float16, torch.bfloat16))),
     "mx_fold_min_cap": ("bf16 x on MXFP4 with x in fragment order under the 48-register cap: the general path (the "
                         "rules before MX_FOLD_MIN_CAP_FRAGMENTS) against the dispatched scale fold, 1-8 tokens, the "
                         "bench shapes and 40 drawn ones",
-                        lambda **kw: rules_ab(RULES_BEFORE["mx_fold_min_cap"], False,
-                                              shapes=SHAPES + tuple(drawn_shapes(40, 1205)), tokens=(1, 2, 3, 4, 6, 8),
-                                              formats=("mxfp4",), dtypes=(torch.bfloat16,), **kw)),
+                        _before_ab("mx_fold_min_cap", (1, 2, 3, 4, 6, 8), ("mxfp4",), (torch.bfloat16,))),
     "mx_fold_uncapped": ("fp16 x on MXFP4's scale fold with x in fragment order: the split under the 48-register cap "
                          "(CAPS; the rules before UNCAPPED_FRAGMENTS) against the dispatched one without it, 1-8 "
                          "tokens, the bench shapes and 40 drawn ones",
-                         lambda **kw: rules_ab(RULES_BEFORE["mx_fold_uncapped"], False,
-                                               shapes=SHAPES + tuple(drawn_shapes(40, 1205)),
-                                               tokens=(1, 2, 3, 4, 6, 8), formats=("mxfp4",),
-                                               dtypes=(torch.float16,), **kw)),
+                         _before_ab("mx_fold_uncapped", (1, 2, 3, 4, 6, 8), ("mxfp4",), (torch.float16,))),
     "k_parts_many": ("four and eight K parts a row against the dispatched config, 1, 2 and 4 tokens",
                      k_parts_many_sweep),
     "w_l2_prefetch": ("W's loads with .L2::128B against without, 1-16 tokens", w_l2_prefetch_ab),
     "register_partitions": ("splits chosen with the register file's sub-partitions counted (kernels.resident_ctas) "
                             "against the whole file (dispatch.ctas_per_sm), 1-16 tokens, bf16 and fp16 x, the bench "
                             "shapes and 40 drawn ones",
-                            lambda **kw: rules_ab(RULES_BEFORE["register_partitions"], False,
-                                                  shapes=SHAPES + tuple(drawn_shapes(40, 1205)),
-                                                  tokens=(1, 2, 3, 4, 6, 8, 9, 12, 16),
-                                                  dtypes=(torch.bfloat16, torch.float16), **kw)),
+                            _before_ab("register_partitions", (1, 2, 3, 4, 6, 8, 9, 12, 16), FORMATS,
+                                       (torch.bfloat16, torch.float16))),
 }
 
 
