@@ -591,14 +591,16 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     fold_rule = fold is None
     if fold_rule:
         fold = not columns and mx_fold_for(fmt, x_dtype, n, k)
-    parts = 1 if columns else override.get("k_parts") or k_parts_for(
-        m, n, k, sms, fragments_key(x_dtype, fold) if fragments else "")
+
+    def key(fold):  # x in fragment order's key for the split rules, with or without the fold
+        return fragments_key(x_dtype, fold) if fragments else ""
+
+    parts = 1 if columns else override.get("k_parts") or k_parts_for(m, n, k, sms, key(fold))
     token_tiles = 1 if columns else override.get("token_tiles") or (
         1 if parts >= 2 else token_tiles_for(m, n, k, x_dtype, fragments))
 
     def split(fold):
-        return _split(m, n, k, sms, parts, token_tiles, fmt if columns else "",
-                      fragments_key(x_dtype, fold) if fragments else "")
+        return _split(m, n, k, sms, parts, token_tiles, fmt if columns else "", key(fold))
 
     chosen = split(fold)
     if fold_rule and fold and mx_fold_redo_for(x_dtype):
