@@ -86,6 +86,8 @@ class LinearW4A16Config:
     mx_fold: bool = False  # MXFP4: the scale fold (MX_FOLD) on the steps whose scales fit it; False: the general path
     mx_fold_redo: bool = False  # with mx_fold: every step on the fold, and the warp's K again on the general path where
     # a scale left the fold's range (one vote after the loop), instead of a vote a step (LinearW4A16.kernel)
+    mx_fold_zero_blocks: bool = True  # with mx_fold_redo and bf16 MMAs: before a redo, a pass over the warp's scales
+    # that lets a scale below the fold's range stand where its block's codes are all zero (no redo for zero blocks)
     w_l2_prefetch: int = 0  # 0, 64, 128 or 256: W's loads with `.L2::<n>B` (the L2 fetches that much on a miss)
 
     def __post_init__(self):
@@ -727,7 +729,15 @@ class LinearW4A16:
             # the general path, which makes the same exact products in the same order. One compare a scale and one
             # vote a warp where every scale fits (sm_90a, one group and tile: a loop of 187 instructions a step with
             # bf16 x against the general 233, fp16 x 175 against 402; 62-65 registers), twice the work where not.
-            if cute.arch.vote_any_sync(self.k_loop(accs, args, "fold")):
+            outside = cute.arch.vote_any_sync(self.k_loop(accs, args, "fold"))
+            if const_expr(cfg.mx_fold_zero_blocks and cfg.mma_dtype == "bf16"):
+                # A block whose codes are all zero decodes to (signed) zeros under any finite multiplier, on the fold
+                # as on the general path; an amax rule gives such a block the least scale (e8m0 byte 0). Before the
+                # redo, a pass that loads only W and the scales finds whether every scale below the fold's range
+                # belongs to such a block; if so, the fold's sums stand.
+                if outside:
+                    outside = cute.arch.vote_any_sync(self.zero_blocks_check(args))
+            if outside:
                 for a in accs:
                     a.fill(0.0)
                 self.k_loop(accs, args, "general")
@@ -797,6 +807,44 @@ class LinearW4A16:
                 if const_expr(fold):
                     worst = self.scale_distance(worst, regs, least)
         return worst > Uint32(most - least)
+
+    @cute.jit
+    def zero_blocks_check(self, args):
+        """Whether a scale byte of this lane's K lies above the fold's window, or below it on a block (the lane's 32
+        codes of the row) with a nonzero code: the scales of every step again, and W only where one is below (so
+        a weight with few zero blocks reloads few of its codes); four steps' loads in flight."""
+        cfg = self.cfg
+        _, w_words, sf, rows, _, c, kq, k_lanes, part, n_full, my_steps, k = args
+        kp = cfg.k_parts
+        flags = Uint32(0)
+        for st in cutlass.range(0, my_steps, unroll=4):
+            flags = self.check_step(flags, w_words, sf, (kq + st * k_lanes) * kp + part, rows, c)
+        if k % cfg.step_k != 0:
+            s_last = n_full * kp + part
+            if kq == n_full % k_lanes and s_last * STEP_K + 32 * c < k:
+                flags = self.check_step(flags, w_words, sf, s_last, rows, c)
+        return flags != Uint32(0)
+
+    @cute.jit
+    def check_step(self, flags, w_words, sf, s, rows, c):
+        """flags, or 1 where a scale of step s of this lane's rows lies above the fold's window, or below it on a
+        block with a nonzero code (zero_blocks_check)."""
+        cfg = self.cfg
+        _, _, least, most = mx_fold_window(cfg.mma_dtype, True)
+        rS = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Uint32)
+        self.load_scales(rS, sf, s, rows, c)
+        wq = s * (STEP_K // 8) + 4 * c
+        for g in cutlass.range_constexpr(cfg.groups):
+            for h in cutlass.range_constexpr(2):
+                b = Uint32(rS[h, g])
+                if b > Uint32(most):
+                    flags = flags | Uint32(1)
+                if b < Uint32(least):
+                    rW = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
+                    cute.copy(w_load_atom(cfg), cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)), rW)
+                    if ((rW[0] | rW[1] | rW[2] | rW[3]) & Uint32(0x77777777)) != Uint32(0):
+                        flags = flags | Uint32(1)
+        return flags
 
     def scale_distance(self, worst, regs, least: int):
         """worst, or the distance above `least` of a scale byte of this loaded step where that is larger (unsigned)."""

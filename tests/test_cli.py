@@ -350,7 +350,7 @@ def test_ab_runs_name_their_points(monkeypatch, tmp_path):
                           register_partitions=6, held_out=82, k_parts_many=300, w_l2_prefetch=96,
                           mx_fold_bf16=92, mx_fold_designs=48, columns_or_fold=50,
                           one_group_fold=18, mx_fold_min_cap=22,
-                          mx_fold_uncapped=22)
+                          mx_fold_uncapped=22, zero_blocks=48)
 
 
 def test_ab_runs_build_their_configs(monkeypatch):
@@ -368,9 +368,10 @@ def test_ab_runs_build_their_configs(monkeypatch):
 
     monkeypatch.setattr(bench, "ours", config_only)
     monkeypatch.setattr(bench, "_time", lambda factory: factory() if "ours" in factory.__code__.co_names else 1.0)
-    for name in ("mx_fold", "mx_fold_bf16", "mx_fold_designs", "x_fragments", "columns_or_fold"):
+    for name in ("mx_fold", "mx_fold_bf16", "mx_fold_designs", "x_fragments", "columns_or_fold", "zero_blocks"):
         bench.AB_RUNS[name][1](rounds=1, csv_path=None, log=lambda *a: None)
     assert any(c.mx_fold_redo for c in built) and any(c.mx_fold and not c.mx_fold_redo for c in built)
+    assert any(c.mx_fold_redo and not c.mx_fold_zero_blocks for c in built)
     assert any(c.block_columns for c in built) and any(not c.mx_fold and c.fmt == "mxfp4" for c in built)
 
 

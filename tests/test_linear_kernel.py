@@ -882,7 +882,7 @@ def test_full_range_against_reference(fmt, layout, dtype, m, n, k):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("scales", ["fit", "low", "mixed", "full"])
+@pytest.mark.parametrize("scales", ["fit", "low", "mixed", "full", "zero_blocks", "zero_blocks_and_low"])
 @pytest.mark.parametrize("m,n,k,override", [(1, 300, 4096, {}), (4, 256, 2880, {}), (8, 200, 7168, {}),
                                             (16, 512, 4160, {}), (12, 640, 8192, dict(x_fragments=True)),
                                             (16, 384, 4096, dict(groups=2, k_warps=4)),
@@ -894,9 +894,11 @@ def test_mxfp4_scale_fold(dtype, scales, m, n, k, override):
     """MXFP4's scale fold (one multiply a placed pair where the scales are in range: bf16 on the whole-K fold from
     2^-63 to 2^17, f16 from 2^-20 to 2^9; mx_fold_window) against the reference and against the general path on
     every step (mx_fold False): scales all in range (up to its top, and its lowest 27), in range but for a few
-    blocks scattered over K and rows (warps leave the fold in mid-K), and over the full test range (most warps
-    general). With bf16 x both paths multiply the same exact products in the same order, the fold's 2^-16 of them
-    put back exactly: bit-identical."""
+    blocks scattered over K and rows (warps leave the fold in mid-K), over the full test range (most warps
+    general), and in range but for all-zero blocks (codes +0 and -0) with scales below the fold's (e8m0 byte 0 among
+    them, as an amax rule gives a zero block), alone (with bf16 x the fold's sums stand: mx_fold_zero_blocks) and
+    with three nonzero blocks below it too (the warp's K redone). With bf16 x both paths multiply the same exact
+    products in the same order, the fold's 2^-16 of them put back exactly: bit-identical."""
     from cute_kernels.linear_w4a16 import mx_fold_window
 
     g = torch.Generator().manual_seed(k + m)
@@ -904,8 +906,19 @@ def test_mxfp4_scale_fold(dtype, scales, m, n, k, override):
     key = "bf16" if dtype == torch.bfloat16 else "fp16"
     _, _, least, most = mx_fold_window(key, kernels.mx_fold_redo_for(key))  # bf16: 2^-63 to 2^17, fp16 2^-20 to 2^9
     lo, hi = {"fit": (max(least, 112), most), "low": (least, least + 26), "mixed": (118, 128),
-              "full": (40, 165)}[scales]
+              "full": (40, 165)}.get(scales, (max(least, 112), min(most, 130)))
     sf = torch.randint(lo, hi + 1, (n, k // 32), dtype=torch.uint8, generator=g)
+    if scales.startswith("zero_blocks"):
+        zero = torch.rand(n, k // 32, generator=g) < 0.02
+        zero[0, 0] = zero[n - 1, k // 32 - 1] = True
+        sf[zero] = torch.randint(0, least, (int(zero.sum()),), dtype=torch.uint8, generator=g)
+        sf[0, 0] = 0
+        signs = torch.randint(0, 2, w.shape, dtype=torch.uint8, generator=g) * 0x88  # +0 and -0 codes
+        w.view(n, k // 32, 16)[zero] = signs.view(n, k // 32, 16)[zero]
+        if scales == "zero_blocks_and_low":
+            for r, col, byte in ((1, 3, 0), (n // 2, k // 64, 5), (n - 2, k // 32 - 2, least - 1)):
+                sf[r, col] = byte
+                w[r, col * 16] = 0x21  # codes 0.5 and 1
     if scales == "mixed":
         rows = torch.randint(0, n, (6,), generator=g)
         cols = torch.randint(k // 64, k // 32, (6,), generator=g)  # the second half of K
@@ -952,17 +965,22 @@ def test_mxfp4_scale_fold_dispatched(m, n, k, dtype, want):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("scales", ["fit", "full"])
+@pytest.mark.parametrize("scales", ["fit", "full", "zero_blocks"])
 def test_mxfp4_scale_fold_with_inf_and_nan_in_x(dtype, scales):
     """x holding inf and NaN, on the fold and on the general path (with fp16 x, x as a bf16 hi + lo pair there):
     inf, -inf and NaN exactly where the fp32 reference has them, and the finite row within the tolerance. With bf16
-    x the fold (the warp's K redone on the general path where a scale does not fit) gives the general path's bits."""
+    x the fold (the warp's K redone on the general path where a scale does not fit) gives the general path's bits;
+    also where all-zero blocks of scale 2^-127 meet the infinite x (0 · inf: NaN, and no redo)."""
     n, k, m = 300, 2880, 4
     g = torch.Generator().manual_seed(7)
     w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
     # "full": most steps on the general path; with fp16 x up to 2^-2, so that the finite sums stay finite in fp16
-    lo, hi = {"fit": (112, 128), "full": (90, 165 if dtype == torch.bfloat16 else 125)}[scales]
+    lo, hi = {"fit": (112, 128), "full": (90, 165 if dtype == torch.bfloat16 else 125)}.get(scales, (112, 128))
     sf = torch.randint(lo, hi + 1, (n, k // 32), dtype=torch.uint8, generator=g)
+    if scales == "zero_blocks":  # the blocks of k = 5 and 77 (block 0, 2) in even rows: zero codes, scale byte 0
+        sf[0::2, 0] = sf[0::2, 2] = 0
+        w.view(n, k // 32, 16)[0::2, 0] = 0x80
+        w.view(n, k // 32, 16)[0::2, 2] = 0
     x = torch.randn(m, k, generator=g).to(dtype)
     x[1, 5] = float("inf")
     x[2, 2000] = float("nan")

@@ -36,6 +36,7 @@ def weight_bytes(n: int, k: int, fmt: str) -> int:
 
 # The e8m0 bytes (least, most) MXFP4 scales are drawn from: 2^-9 to 2^3, finite outputs for the cuBLAS dequant.
 MXFP4_SCALES = (118, 130)
+MXFP4_ZERO_BLOCKS = 0.0  # the share of MXFP4 blocks random_weights makes all-zero, with scale 2^-127 (e8m0 byte 0)
 
 
 def random_weights(n: int, k: int, fmt: str, device="cuda"):
@@ -45,6 +46,10 @@ def random_weights(n: int, k: int, fmt: str, device="cuda"):
         sf = torch.randint(0x28, 0x41, (n, k // 16), dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
     else:
         sf = torch.randint(MXFP4_SCALES[0], MXFP4_SCALES[1] + 1, (n, k // 32), dtype=torch.uint8, device=device)
+        if MXFP4_ZERO_BLOCKS:
+            zero = torch.rand(n, k // 32, device=device) < MXFP4_ZERO_BLOCKS
+            sf[zero] = 0
+            w.view(n, k // 32, 16)[zero] = 0
     return w, sf
 
 
@@ -247,6 +252,44 @@ def mx_fold_designs_ab(shapes=SHAPES, tokens=(1, 4, 16), rounds=2, csv_path=None
                            config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1])
                 rows.append(row)
                 log(" ".join(f"{key}={val}" for key, val in row.items()))
+    if csv_path:
+        write_csv(rows, csv_path)
+    return rows
+
+
+def zero_blocks_ab(shapes=SHAPES, tokens=(1, 4, 16), shares=(0.0, 0.001, 0.01), rounds=2, csv_path=None,
+                   log=print):
+    """µs per call of MXFP4 with bf16 x where the launcher takes the fold over the whole K (mx_fold_redo), with a
+    share of all-zero blocks of scale 2^-127 (MXFP4_ZERO_BLOCKS; the rest checkpoint-like, MXFP4_SCALES): the
+    dispatched config (a pass over the scales and codes before a redo: mx_fold_zero_blocks), the same without that
+    pass (every warp with a zero block redoes its K) and the general path, alternately `rounds` times, the best of
+    each; with the read of the same bytes."""
+    global MXFP4_ZERO_BLOCKS
+    from nvfp4_gemv.linear import kernels
+
+    rows, kept = [], MXFP4_ZERO_BLOCKS
+    try:
+        for n, k in shapes:
+            read = None
+            for m in tokens:
+                cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "bf16", False, False)
+                if not cfg.mx_fold_redo:
+                    continue
+                read = read or _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
+                variants = {"general": _general_of(cfg), "redo": dict(_ab_fields(cfg), mx_fold_zero_blocks=False),
+                            "checked": _ab_fields(cfg)}
+                for share in shares:
+                    MXFP4_ZERO_BLOCKS = share
+                    times = _best_of(n, k, m, "mxfp4", torch.bfloat16, variants, rounds)
+                    row = dict(n=n, k=k, m=m, zero_blocks=share, read_us=round(read, 3),
+                               **{f"{name}_us": round(t, 3) for name, t in times.items()},
+                               checked_over_redo=round(times["checked"] / times["redo"], 4),
+                               checked_over_general=round(times["checked"] / times["general"], 4),
+                               config=kernels.describe(m, n, k, "mxfp4", torch.bfloat16).split("MMA, ")[-1])
+                    rows.append(row)
+                    log(" ".join(f"{key}={val}" for key, val in row.items()))
+    finally:
+        MXFP4_ZERO_BLOCKS = kept
     if csv_path:
         write_csv(rows, csv_path)
     return rows
@@ -658,6 +701,8 @@ AB_RUNS = {
                      lambda **kw: mx_fold_ab(x_dtype="bf16", **kw)),
     "mx_fold_designs": ("MXFP4's scale fold with a vote a step against the whole K and a redo, and the general "
                         "path, bf16 and fp16 x", mx_fold_designs_ab),
+    "zero_blocks": ("bf16 x on MXFP4's whole-K fold with 0, 0.1 and 1 % all-zero blocks of scale 2^-127: a pass over "
+                    "the codes before a redo, against the redo alone and the general path", zero_blocks_ab),
     "one_group": ("16-token CTAs of one group and more warps against two groups under 18 warps an SM (the bench "
                   "shapes and 40 drawn ones)",
                   lambda **kw: one_group_ab(shapes=SHAPES + tuple(drawn_shapes(40, 1205)), **kw)),
