@@ -194,32 +194,43 @@ def mx_fold_ab(shapes=SHAPES, tokens=TOKENS, scales=((112, 128), (0, 255)), roun
         return _mx_fold_ab(shapes, tokens, scales, rounds, csv_path, log, x_dtype)
 
 
+@contextlib.contextmanager
+def _drawn_with(**attrs):
+    """Within: this module's weight-drawing settings (MXFP4_SCALES, MXFP4_ZERO_BLOCKS; random_weights reads them)
+    set to `attrs`."""
+    kept = {name: globals()[name] for name in attrs}
+    globals().update(attrs)
+    try:
+        yield
+    finally:
+        globals().update(kept)
+
+
+def _logged(rows: list, log, row: dict) -> None:
+    rows.append(row)
+    log(" ".join(f"{key}={val}" for key, val in row.items()))
+
+
 def _mx_fold_ab(shapes, tokens, scales, rounds, csv_path, log, x_dtype):
-    global MXFP4_SCALES
     from nvfp4_gemv.linear import kernels
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[x_dtype]
-    rows, kept = [], MXFP4_SCALES
-    try:
-        for n, k in shapes:
-            read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
-            for drawn in scales:
-                MXFP4_SCALES = drawn  # random_weights draws from it
-                for m in tokens:
-                    cfg = kernels.config_for(m, n, k, "mxfp4", "plain", x_dtype, False, False)
-                    if not cfg.mx_fold:  # block columns
-                        continue
+    rows = []
+    for n, k in shapes:
+        read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
+        for drawn in scales:
+            for m in tokens:
+                cfg = kernels.config_for(m, n, k, "mxfp4", "plain", x_dtype, False, False)
+                if not cfg.mx_fold:  # block columns
+                    continue
+                with _drawn_with(MXFP4_SCALES=drawn):
                     times = _best_of(n, k, m, "mxfp4", dtype, {"general": _general_of(cfg), "fold": _ab_fields(cfg)},
                                      rounds)
-                    row = dict(n=n, k=k, m=m, x=x_dtype, scales=f"{MXFP4_SCALES[0]}-{MXFP4_SCALES[1]}",
-                               read_us=round(read, 3), general_us=round(times["general"], 3),
-                               fold_us=round(times["fold"], 3),
-                               fold_over_general=round(times["fold"] / times["general"], 4),
-                               config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1])
-                    rows.append(row)
-                    log(" ".join(f"{key}={val}" for key, val in row.items()))
-    finally:
-        MXFP4_SCALES = kept
+                _logged(rows, log, dict(n=n, k=k, m=m, x=x_dtype, scales=f"{drawn[0]}-{drawn[1]}",
+                                        read_us=round(read, 3), general_us=round(times["general"], 3),
+                                        fold_us=round(times["fold"], 3),
+                                        fold_over_general=round(times["fold"] / times["general"], 4),
+                                        config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1]))
     if csv_path:
         write_csv(rows, csv_path)
     return rows
@@ -264,32 +275,26 @@ def zero_blocks_ab(shapes=SHAPES, tokens=(1, 4, 16), shares=(0.0, 0.001, 0.01), 
     dispatched config (a pass over the scales and codes before a redo: mx_fold_zero_blocks), the same without that
     pass (every warp with a zero block redoes its K) and the general path, alternately `rounds` times, the best of
     each; with the read of the same bytes."""
-    global MXFP4_ZERO_BLOCKS
     from nvfp4_gemv.linear import kernels
 
-    rows, kept = [], MXFP4_ZERO_BLOCKS
-    try:
-        for n, k in shapes:
-            read = None
-            for m in tokens:
-                cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "bf16", False, False)
-                if not cfg.mx_fold_redo:
-                    continue
-                read = read or _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
-                variants = {"general": _general_of(cfg), "redo": dict(_ab_fields(cfg), mx_fold_zero_blocks=False),
-                            "checked": _ab_fields(cfg)}
-                for share in shares:
-                    MXFP4_ZERO_BLOCKS = share
+    rows = []
+    for n, k in shapes:
+        read = None
+        for m in tokens:
+            cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "bf16", False, False)
+            if not cfg.mx_fold_redo:
+                continue
+            read = read or _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
+            variants = {"general": _general_of(cfg), "redo": dict(_ab_fields(cfg), mx_fold_zero_blocks=False),
+                        "checked": _ab_fields(cfg)}
+            for share in shares:
+                with _drawn_with(MXFP4_ZERO_BLOCKS=share):
                     times = _best_of(n, k, m, "mxfp4", torch.bfloat16, variants, rounds)
-                    row = dict(n=n, k=k, m=m, zero_blocks=share, read_us=round(read, 3),
-                               **{f"{name}_us": round(t, 3) for name, t in times.items()},
-                               checked_over_redo=round(times["checked"] / times["redo"], 4),
-                               checked_over_general=round(times["checked"] / times["general"], 4),
-                               config=kernels.describe(m, n, k, "mxfp4", torch.bfloat16).split("MMA, ")[-1])
-                    rows.append(row)
-                    log(" ".join(f"{key}={val}" for key, val in row.items()))
-    finally:
-        MXFP4_ZERO_BLOCKS = kept
+                _logged(rows, log, dict(n=n, k=k, m=m, zero_blocks=share, read_us=round(read, 3),
+                                        **{f"{name}_us": round(t, 3) for name, t in times.items()},
+                                        checked_over_redo=round(times["checked"] / times["redo"], 4),
+                                        checked_over_general=round(times["checked"] / times["general"], 4),
+                                        config=kernels.describe(m, n, k, "mxfp4", torch.bfloat16).split("MMA, ")[-1]))
     if csv_path:
         write_csv(rows, csv_path)
     return rows
