@@ -617,12 +617,33 @@ class LinearW4A16:
 
     @cute.jit
     def fold_fits(self, regs):
-        """MXFP4: whether every scale of this warp's loaded step is in MX_FOLD's range (a warp vote)."""
-        scales = [regs[2][h, g] for g in range(self.cfg.groups) for h in range(2)]
-        fits = mx_fold_fits(scales[0], self.cfg.mma_dtype)
-        for s in scales[1:]:
-            fits = fits & mx_fold_fits(s, self.cfg.mma_dtype)
-        return cute.arch.vote_all_sync(fits)
+        """MXFP4: whether every scale of this warp's loaded step is in MX_FOLD's range (a warp vote). With
+        mx_fold_zero_blocks, where not, whether every scale outside lies below the range on a block whose codes
+        are all zero: those scales are then raised to the range's least in `regs` (the block decodes to the same
+        signed zeros under any finite multiplier) and the step stays on the fold."""
+        cfg = self.cfg
+        rW, _, rS = regs
+        _, _, least, most = mx_fold_window(cfg.mma_dtype)
+        fits = mx_fold_fits(rS[0, 0], cfg.mma_dtype)
+        for g in cutlass.range_constexpr(cfg.groups):
+            for h in cutlass.range_constexpr(2):
+                if const_expr(g + h > 0):
+                    fits = fits & mx_fold_fits(rS[h, g], cfg.mma_dtype)
+        all_fit = cute.arch.vote_all_sync(fits)
+        if const_expr(cfg.mx_fold_zero_blocks and least > 0):
+            if not all_fit:
+                zero_only = fits | True
+                for g in cutlass.range_constexpr(cfg.groups):
+                    for h in cutlass.range_constexpr(2):
+                        b = Uint32(rS[h, g])
+                        codes = (rW[0, h, g] | rW[1, h, g] | rW[2, h, g] | rW[3, h, g]) & Uint32(0x77777777)
+                        zero_only = zero_only & ((b <= Uint32(most)) & ((b >= Uint32(least)) | (codes == Uint32(0))))
+                all_fit = cute.arch.vote_all_sync(zero_only)
+                if all_fit:
+                    for g in cutlass.range_constexpr(cfg.groups):
+                        for h in cutlass.range_constexpr(2):
+                            rS[h, g] = cutlass.max(Uint32(rS[h, g]), Uint32(least))
+        return all_fit
 
     @cute.jit
     def compute(self, regs, accs):

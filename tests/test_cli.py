@@ -350,7 +350,7 @@ def test_ab_runs_name_their_points(monkeypatch, tmp_path):
                           register_partitions=6, held_out=82, k_parts_many=300, w_l2_prefetch=96,
                           mx_fold_bf16=92, mx_fold_designs=48, columns_or_fold=50,
                           one_group_fold=18, mx_fold_min_cap=22,
-                          mx_fold_uncapped=22, zero_blocks=48)
+                          mx_fold_uncapped=22, zero_blocks=48, zero_blocks_fp16=40)
 
 
 def test_ab_runs_build_their_configs(monkeypatch):

@@ -269,32 +269,36 @@ def mx_fold_designs_ab(shapes=SHAPES, tokens=(1, 4, 16), rounds=2, csv_path=None
 
 
 def zero_blocks_ab(shapes=SHAPES, tokens=(1, 4, 16), shares=(0.0, 0.001, 0.01), rounds=2, csv_path=None,
-                   log=print):
-    """µs per call of MXFP4 with bf16 x where the launcher takes the fold over the whole K (mx_fold_redo), with a
-    share of all-zero blocks of scale 2^-127 (MXFP4_ZERO_BLOCKS; the rest checkpoint-like, MXFP4_SCALES): the
-    dispatched config (a pass over the scales and codes before a redo: mx_fold_zero_blocks), the same without that
-    pass (every warp with a zero block redoes its K) and the general path, alternately `rounds` times, the best of
-    each; with the read of the same bytes."""
+                   log=print, x_dtype="bf16"):
+    """µs per call of MXFP4 with x_dtype x where the launcher takes the scale fold (bf16: over the whole K with a
+    redo, mx_fold_redo; fp16: a vote a step), with a share of all-zero blocks of scale 2^-127 (MXFP4_ZERO_BLOCKS; the
+    rest checkpoint-like, MXFP4_SCALES): the dispatched config ("checked": bf16, a pass over the scales and the
+    codes below the fold's range before a redo; fp16, such codes checked where a step's vote fails;
+    mx_fold_zero_blocks), the same without it ("redo" or "vote": a zero block sends the warp's K, or the rest of it,
+    to the general path) and the general path, alternately `rounds` times, the best of each; with the read of the
+    same bytes."""
     from nvfp4_gemv.linear import kernels
 
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[x_dtype]
+    plain = "redo" if x_dtype == "bf16" else "vote"
     rows = []
     for n, k in shapes:
         read = None
         for m in tokens:
-            cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "bf16", False, False)
-            if not cfg.mx_fold_redo:
+            cfg = kernels.config_for(m, n, k, "mxfp4", "plain", x_dtype, False, False)
+            if not cfg.mx_fold:
                 continue
             read = read or _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
-            variants = {"general": _general_of(cfg), "redo": dict(_ab_fields(cfg), mx_fold_zero_blocks=False),
+            variants = {"general": _general_of(cfg), plain: dict(_ab_fields(cfg), mx_fold_zero_blocks=False),
                         "checked": _ab_fields(cfg)}
             for share in shares:
                 with _drawn_with(MXFP4_ZERO_BLOCKS=share):
-                    times = _best_of(n, k, m, "mxfp4", torch.bfloat16, variants, rounds)
-                _logged(rows, log, dict(n=n, k=k, m=m, zero_blocks=share, read_us=round(read, 3),
+                    times = _best_of(n, k, m, "mxfp4", dtype, variants, rounds)
+                _logged(rows, log, dict(n=n, k=k, m=m, x=x_dtype, zero_blocks=share, read_us=round(read, 3),
                                         **{f"{name}_us": round(t, 3) for name, t in times.items()},
-                                        checked_over_redo=round(times["checked"] / times["redo"], 4),
+                                        **{f"checked_over_{plain}": round(times["checked"] / times[plain], 4)},
                                         checked_over_general=round(times["checked"] / times["general"], 4),
-                                        config=kernels.describe(m, n, k, "mxfp4", torch.bfloat16).split("MMA, ")[-1]))
+                                        config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1]))
     if csv_path:
         write_csv(rows, csv_path)
     return rows
@@ -708,6 +712,10 @@ AB_RUNS = {
                         "path, bf16 and fp16 x", mx_fold_designs_ab),
     "zero_blocks": ("bf16 x on MXFP4's whole-K fold with 0, 0.1 and 1 % all-zero blocks of scale 2^-127: a pass over "
                     "the codes before a redo, against the redo alone and the general path", zero_blocks_ab),
+    "zero_blocks_fp16": ("fp16 x on MXFP4's fold (a vote a step) with 0 and 0.1 % all-zero blocks of scale 2^-127 at "
+                         "1 and 4 tokens: their codes checked where a vote fails, against the vote alone and the "
+                         "general path",
+                         lambda **kw: zero_blocks_ab(tokens=(1, 4), shares=(0.0, 0.001), x_dtype="fp16", **kw)),
     "one_group": ("16-token CTAs of one group and more warps against two groups under 18 warps an SM (the bench "
                   "shapes and 40 drawn ones)",
                   lambda **kw: one_group_ab(shapes=SHAPES + tuple(drawn_shapes(40, 1205)), **kw)),
