@@ -86,8 +86,9 @@ class LinearW4A16Config:
     mx_fold: bool = False  # MXFP4: the scale fold (MX_FOLD) on the steps whose scales fit it; False: the general path
     mx_fold_redo: bool = False  # with mx_fold: every step on the fold, and the warp's K again on the general path where
     # a scale left the fold's range (one vote after the loop), instead of a vote a step (LinearW4A16.kernel)
-    mx_fold_zero_blocks: bool = True  # with mx_fold_redo and bf16 MMAs: before a redo, a pass over the warp's scales
-    # that lets a scale below the fold's range stand where its block's codes are all zero (no redo for zero blocks)
+    mx_fold_zero_blocks: bool = True  # with mx_fold: a scale below the fold's range stands where its block's codes
+    # are all zero (an amax rule's 2^-127 for a zero block): on the whole-K fold (bf16), a pass over the warp's scales
+    # before a redo (zero_blocks_check); on a vote a step (fp16), where the vote fails (fold_fits)
     w_l2_prefetch: int = 0  # 0, 64, 128 or 256: W's loads with `.L2::<n>B` (the L2 fetches that much on a miss)
 
     def __post_init__(self):
