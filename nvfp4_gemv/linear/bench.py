@@ -236,6 +236,21 @@ def _mx_fold_ab(shapes, tokens, scales, rounds, csv_path, log, x_dtype):
     return rows
 
 
+def _fold_points(shapes, tokens, x_dtype: str):
+    """(n, k, m, config, read µs) at every point of shapes x tokens where the launcher takes MXFP4's scale fold with
+    x_dtype x (not block columns), the read of the weight's bytes timed once a shape."""
+    from nvfp4_gemv.linear import kernels
+
+    for n, k in shapes:
+        read = None
+        for m in tokens:
+            cfg = kernels.config_for(m, n, k, "mxfp4", "plain", x_dtype, False, False)
+            if not cfg.mx_fold:
+                continue
+            read = read or _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
+            yield n, k, m, cfg, read
+
+
 def mx_fold_designs_ab(shapes=SHAPES, tokens=(1, 4, 16), rounds=2, csv_path=None, log=print):
     """µs per call of MXFP4 with checkpoint scales (MXFP4_SCALES) at every (x dtype, shape, M) where the launcher
     takes the scale fold: the general path, the fold with a vote a step, and the fold over the whole K with a redo
@@ -245,24 +260,16 @@ def mx_fold_designs_ab(shapes=SHAPES, tokens=(1, 4, 16), rounds=2, csv_path=None
 
     rows = []
     for x_dtype, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
-        for n, k in shapes:
-            read = None
-            for m in tokens:
-                cfg = kernels.config_for(m, n, k, "mxfp4", "plain", x_dtype, False, False)
-                if not cfg.mx_fold:
-                    continue
-                read = read or _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
-                fold = _ab_fields(cfg)
-                variants = {"general": _general_of(cfg), "vote": dict(fold, mx_fold_redo=False),
-                            "redo": dict(fold, mx_fold_redo=True)}
-                times = _best_of(n, k, m, "mxfp4", dtype, variants, rounds)
-                row = dict(n=n, k=k, m=m, x=x_dtype, read_us=round(read, 3),
-                           **{f"{name}_us": round(t, 3) for name, t in times.items()},
-                           redo_over_vote=round(times["redo"] / times["vote"], 4),
-                           redo_over_general=round(times["redo"] / times["general"], 4),
-                           config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1])
-                rows.append(row)
-                log(" ".join(f"{key}={val}" for key, val in row.items()))
+        for n, k, m, cfg, read in _fold_points(shapes, tokens, x_dtype):
+            fold = _ab_fields(cfg)
+            variants = {"general": _general_of(cfg), "vote": dict(fold, mx_fold_redo=False),
+                        "redo": dict(fold, mx_fold_redo=True)}
+            times = _best_of(n, k, m, "mxfp4", dtype, variants, rounds)
+            _logged(rows, log, dict(n=n, k=k, m=m, x=x_dtype, read_us=round(read, 3),
+                                    **{f"{name}_us": round(t, 3) for name, t in times.items()},
+                                    redo_over_vote=round(times["redo"] / times["vote"], 4),
+                                    redo_over_general=round(times["redo"] / times["general"], 4),
+                                    config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1]))
     if csv_path:
         write_csv(rows, csv_path)
     return rows
@@ -282,23 +289,17 @@ def zero_blocks_ab(shapes=SHAPES, tokens=(1, 4, 16), shares=(0.0, 0.001, 0.01), 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[x_dtype]
     plain = "redo" if x_dtype == "bf16" else "vote"
     rows = []
-    for n, k in shapes:
-        read = None
-        for m in tokens:
-            cfg = kernels.config_for(m, n, k, "mxfp4", "plain", x_dtype, False, False)
-            if not cfg.mx_fold:
-                continue
-            read = read or _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
-            variants = {"general": _general_of(cfg), plain: dict(_ab_fields(cfg), mx_fold_zero_blocks=False),
-                        "checked": _ab_fields(cfg)}
-            for share in shares:
-                with _drawn_with(MXFP4_ZERO_BLOCKS=share):
-                    times = _best_of(n, k, m, "mxfp4", dtype, variants, rounds)
-                _logged(rows, log, dict(n=n, k=k, m=m, x=x_dtype, zero_blocks=share, read_us=round(read, 3),
-                                        **{f"{name}_us": round(t, 3) for name, t in times.items()},
-                                        **{f"checked_over_{plain}": round(times["checked"] / times[plain], 4)},
-                                        checked_over_general=round(times["checked"] / times["general"], 4),
-                                        config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1]))
+    for n, k, m, cfg, read in _fold_points(shapes, tokens, x_dtype):
+        variants = {"general": _general_of(cfg), plain: dict(_ab_fields(cfg), mx_fold_zero_blocks=False),
+                    "checked": _ab_fields(cfg)}
+        for share in shares:
+            with _drawn_with(MXFP4_ZERO_BLOCKS=share):
+                times = _best_of(n, k, m, "mxfp4", dtype, variants, rounds)
+            _logged(rows, log, dict(n=n, k=k, m=m, x=x_dtype, zero_blocks=share, read_us=round(read, 3),
+                                    **{f"{name}_us": round(t, 3) for name, t in times.items()},
+                                    **{f"checked_over_{plain}": round(times["checked"] / times[plain], 4)},
+                                    checked_over_general=round(times["checked"] / times["general"], 4),
+                                    config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1]))
     if csv_path:
         write_csv(rows, csv_path)
     return rows
