@@ -41,6 +41,8 @@ element, close to what the SMs can issue while the bytes stream, so the split is
 resident (nvfp4_gemv/linear/kernels.py; BENCHMARKS.md, "The W4A16 linear").
 """
 
+import functools
+import operator
 from dataclasses import dataclass
 
 import cutlass
@@ -375,6 +377,12 @@ def mx_fold_multiplier(s, dtype: str, redo: bool = False) -> Uint32:
     return Uint32(s) * Uint32(k) + Uint32((offset * k) & 0xFFFFFFFF)
 
 
+def block_codes(rW, h: int, g: int) -> Uint32:
+    """The magnitude bits of a lane's 32 codes of one row (its 4 W words (word, h, g) of a step, one MXFP4 block):
+    zero where every code is +0 or -0."""
+    return (rW[0, h, g] | rW[1, h, g] | rW[2, h, g] | rW[3, h, g]) & Uint32(0x77777777)
+
+
 def mx_fold_fits(s, dtype: str):
     """Whether the e8m0 scale s is in the vote-a-step fold's range for `dtype` (one unsigned compare)."""
     _, _, least, most = mx_fold_window(dtype)
@@ -625,25 +633,17 @@ class LinearW4A16:
         cfg = self.cfg
         rW, _, rS = regs
         _, _, least, most = mx_fold_window(cfg.mma_dtype)
-        fits = mx_fold_fits(rS[0, 0], cfg.mma_dtype)
-        for g in cutlass.range_constexpr(cfg.groups):
-            for h in cutlass.range_constexpr(2):
-                if const_expr(g + h > 0):
-                    fits = fits & mx_fold_fits(rS[h, g], cfg.mma_dtype)
-        all_fit = cute.arch.vote_all_sync(fits)
+        blocks = [(h, g) for g in range(cfg.groups) for h in range(2)]
+        all_fit = cute.arch.vote_all_sync(functools.reduce(
+            operator.and_, [mx_fold_fits(rS[b], cfg.mma_dtype) for b in blocks]))
         if const_expr(cfg.mx_fold_zero_blocks and least > 0):
             if not all_fit:
-                zero_only = fits | True
-                for g in cutlass.range_constexpr(cfg.groups):
-                    for h in cutlass.range_constexpr(2):
-                        b = Uint32(rS[h, g])
-                        codes = (rW[0, h, g] | rW[1, h, g] | rW[2, h, g] | rW[3, h, g]) & Uint32(0x77777777)
-                        zero_only = zero_only & ((b <= Uint32(most)) & ((b >= Uint32(least)) | (codes == Uint32(0))))
-                all_fit = cute.arch.vote_all_sync(zero_only)
+                all_fit = cute.arch.vote_all_sync(functools.reduce(operator.and_, [
+                    (Uint32(rS[b]) <= Uint32(most)) & ((Uint32(rS[b]) >= Uint32(least)) | (block_codes(rW, *b) == 0))
+                    for b in blocks]))
                 if all_fit:
-                    for g in cutlass.range_constexpr(cfg.groups):
-                        for h in cutlass.range_constexpr(2):
-                            rS[h, g] = cutlass.max(Uint32(rS[h, g]), Uint32(least))
+                    for b in blocks:
+                        rS[b] = cutlass.max(Uint32(rS[b]), Uint32(least))
         return all_fit
 
     @cute.jit
@@ -755,8 +755,8 @@ class LinearW4A16:
             if const_expr(cfg.mx_fold_zero_blocks and cfg.mma_dtype == "bf16"):
                 # A block whose codes are all zero decodes to (signed) zeros under any finite multiplier, on the fold
                 # as on the general path; an amax rule gives such a block the least scale (e8m0 byte 0). Before the
-                # redo, a pass that loads only W and the scales finds whether every scale below the fold's range
-                # belongs to such a block; if so, the fold's sums stand.
+                # redo, a pass over the scales (and the codes only of blocks whose scale lies below the fold's range)
+                # finds whether every such scale belongs to a zero block; if so, the fold's sums stand.
                 if outside:
                     outside = cute.arch.vote_any_sync(self.zero_blocks_check(args))
             if outside:
@@ -862,9 +862,10 @@ class LinearW4A16:
                 if b > Uint32(most):
                     flags = flags | Uint32(1)
                 if b < Uint32(least):
-                    rW = cute.make_rmem_tensor(cute.make_layout(4), Uint32)
-                    cute.copy(w_load_atom(cfg), cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)), rW)
-                    if ((rW[0] | rW[1] | rW[2] | rW[3]) & Uint32(0x77777777)) != Uint32(0):
+                    rW = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Uint32)
+                    cute.copy(w_load_atom(cfg), cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)),
+                              rW[None, 0, 0])
+                    if block_codes(rW, 0, 0) != 0:
                         flags = flags | Uint32(1)
         return flags
 
