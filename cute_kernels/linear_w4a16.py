@@ -417,6 +417,12 @@ def e8m0_to_bf16x2(s, *, loc=None, ip=None) -> Uint32:
     )
 
 
+def w_chunk(w_words: cute.Tensor, row, s, c):
+    """Lane c's 16 bytes of W row `row` in 128-K step s (its 32 codes, K offset 128·s + 32c): 4 words."""
+    wq = s * (STEP_K // 8) + 4 * c  # the lane's first W word
+    return cute.local_tile(w_words[row, None], (4,), (wq // 4,))
+
+
 def w_load_atom(cfg: LinearW4A16Config):
     """The copy atom of W's 16-byte loads: past L1 (read once), and with `.L2::<n>B` where cfg.w_l2_prefetch says."""
     hints = {}
@@ -587,12 +593,11 @@ class LinearW4A16:
         cfg = self.cfg
         rW, rX, rS = regs
         if live:
-            wq = s * (STEP_K // 8) + 4 * c  # first W word of this thread
             xq = s * (STEP_K // 2) + 16 * c  # first x word
             x_rows = [self.x_row(x_words, s, toks[t]) for t in range(cfg.token_tiles)]
             # (source, destination, atom) of every 16-byte chunk: W per (group, half), then x per (tile, 16 bytes).
             chunks = [
-                (cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)), rW[None, h, g], True)
+                (w_chunk(w_words, rows[g, h], s, c), rW[None, h, g], True)
                 for g in range(cfg.groups) for h in range(2)
             ] + [
                 (self.x_chunk(x_rows[t], c, xq, v), cute.local_tile(rX[None, t], (4,), (v,)), False)
@@ -855,7 +860,6 @@ class LinearW4A16:
         _, _, least, most = mx_fold_window(cfg.mma_dtype, True)
         rS = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Uint32)
         self.load_scales(rS, sf, s, rows, c)
-        wq = s * (STEP_K // 8) + 4 * c
         for g in cutlass.range_constexpr(cfg.groups):
             for h in cutlass.range_constexpr(2):
                 b = Uint32(rS[h, g])
@@ -863,8 +867,7 @@ class LinearW4A16:
                     flags = flags | Uint32(1)
                 if b < Uint32(least):
                     rW = cute.make_rmem_tensor(cute.make_layout((4, 1, 1)), Uint32)
-                    cute.copy(w_load_atom(cfg), cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)),
-                              rW[None, 0, 0])
+                    cute.copy(w_load_atom(cfg), w_chunk(w_words, rows[g, h], s, c), rW[None, 0, 0])
                     if block_codes(rW, 0, 0) != 0:
                         flags = flags | Uint32(1)
         return flags

@@ -37,8 +37,8 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cute_kernels.compile import SmemAllocator, launch, load_atom
 from cute_kernels.decode import e4m3x2_to_f32x2
 from cute_kernels.linear_w4a16 import (
-    MX_VEC, PAIRS, STEP_K, LinearW4A16, decode_word, ld_global_nc, mma_16816, prmt, sf_address, w_load_atom,
-    x_pair_selector,
+    MX_VEC, PAIRS, STEP_K, LinearW4A16, decode_word, ld_global_nc, mma_16816, prmt, sf_address, w_chunk,
+    w_load_atom, x_pair_selector,
 )
 from cute_kernels.ptx import asm_u32, inline_ptx
 from layouts.constants import SF_VEC
@@ -185,11 +185,10 @@ class LinearW4A16Columns(LinearW4A16):
         """Step s: W's 16 bytes a row and this lane's block scales (NVFP4: 4 bytes, MXFP4: 2, a row)."""
         cfg = self.cfg
         if live:
-            wq = s * (STEP_K // 8) + 4 * c
             atom_w = w_load_atom(cfg)
             for g in cutlass.range_constexpr(cfg.groups):
                 for h in cutlass.range_constexpr(2):
-                    cute.copy(atom_w, cute.local_tile(w_words[rows[g, h], None], (4,), (wq // 4,)), rW[None, h, g])
+                    cute.copy(atom_w, w_chunk(w_words, rows[g, h], s, c), rW[None, h, g])
         else:
             rW.fill(0)
         for g in cutlass.range_constexpr(cfg.groups):

@@ -36,6 +36,7 @@ def weight_bytes(n: int, k: int, fmt: str) -> int:
 
 # The e8m0 bytes (least, most) MXFP4 scales are drawn from: 2^-9 to 2^3, finite outputs for the cuBLAS dequant.
 MXFP4_SCALES = (118, 130)
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # x dtype names, as the launcher's rules take them
 MXFP4_ZERO_BLOCKS = 0.0  # the share of MXFP4 blocks random_weights makes all-zero, with scale 2^-127 (e8m0 byte 0)
 
 
@@ -147,11 +148,16 @@ def x_fragments_ab(shapes=SHAPES, tokens=(1, 2, 3, 4, 8, 12, 16), formats=FORMAT
                            columns_us=round(times.get("columns", math.nan), 3),
                            fragments_over_default=round(times["fragments"] / times["default"], 4),
                            **{f"{name}_us": round(times[name], 3) for name in more or {}})
-                rows.append(row)
-                log(" ".join(f"{key}={val}" for key, val in row.items()))
+                _logged(rows, log, row)
     if csv_path:
         write_csv(rows, csv_path)
     return rows
+
+
+def _logged(rows: list, log, row: dict) -> None:
+    """Append an A/B row to `rows` and log it as key=value pairs."""
+    rows.append(row)
+    log(" ".join(f"{key}={val}" for key, val in row.items()))
 
 
 def _best_of(n, k, m, fmt, dtype, variants: dict, rounds: int) -> dict:
@@ -206,15 +212,10 @@ def _drawn_with(**attrs):
         globals().update(kept)
 
 
-def _logged(rows: list, log, row: dict) -> None:
-    rows.append(row)
-    log(" ".join(f"{key}={val}" for key, val in row.items()))
-
-
 def _mx_fold_ab(shapes, tokens, scales, rounds, csv_path, log, x_dtype):
     from nvfp4_gemv.linear import kernels
 
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[x_dtype]
+    dtype = TORCH_DTYPES[x_dtype]
     rows = []
     for n, k in shapes:
         read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
@@ -259,7 +260,7 @@ def mx_fold_designs_ab(shapes=SHAPES, tokens=(1, 4, 16), rounds=2, csv_path=None
     from nvfp4_gemv.linear import kernels
 
     rows = []
-    for x_dtype, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+    for x_dtype, dtype in TORCH_DTYPES.items():
         for n, k, m, cfg, read in _fold_points(shapes, tokens, x_dtype):
             fold = _ab_fields(cfg)
             variants = {"general": _general_of(cfg), "vote": dict(fold, mx_fold_redo=False),
@@ -286,7 +287,7 @@ def zero_blocks_ab(shapes=SHAPES, tokens=(1, 4, 16), shares=(0.0, 0.001, 0.01), 
     same bytes."""
     from nvfp4_gemv.linear import kernels
 
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[x_dtype]
+    dtype = TORCH_DTYPES[x_dtype]
     plain = "redo" if x_dtype == "bf16" else "vote"
     rows = []
     for n, k, m, cfg, read in _fold_points(shapes, tokens, x_dtype):
@@ -352,8 +353,7 @@ def mx_fold_cap_ab(points=MX_FOLD_CAP_POINTS, rounds=2, csv_path=None, log=print
         row = dict(n=n, k=k, m=m, read_us=round(read, 3), **{f"{a}_us": round(b, 3) for a, b in times.items()},
                    capped_over_uncapped=round(times["capped"] / times["uncapped"], 4),
                    config=kernels.describe(m, n, k, "mxfp4", torch.float16).split("MMA, ")[-1])
-        rows.append(row)
-        log(" ".join(f"{key}={val}" for key, val in row.items()))
+        _logged(rows, log, row)
     if csv_path:
         write_csv(rows, csv_path)
     return rows
@@ -415,8 +415,7 @@ def _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log, rules
                     row = dict(n=n, k=k, m=m, fmt=fmt, x=xd, read_us=round(read, 3),
                                **_before_now(n, k, m, fmt, dtype, *configs, rounds, rules))
                     row["now_over_read"] = round(row["now_us"] / read, 4)
-                    rows.append(row)
-                    log(" ".join(f"{key}={val}" for key, val in row.items()))
+                    _logged(rows, log, row)
     if csv_path:
         write_csv(rows, csv_path)
     return rows
