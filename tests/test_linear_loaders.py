@@ -169,3 +169,34 @@ def test_loader_errors(tmp_path):
     with pytest.raises(ValueError, match=r"^e\.down_proj_bias: expected shape \(2, 8\)"):
         load_gpt_oss_experts({"e.down_proj_blocks": blocks, "e.down_proj_scales": torch.zeros(2, 8, 4),
                               "e.down_proj_bias": torch.zeros(8)}, "e", "down_proj")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 5, 16, 130])
+def test_loaders_on_the_gpu(tmp_path, m):
+    """Checkpoints loaded straight onto the GPU (safetensors' `device="cuda"`), as a server loads them: ModelOpt's 0-dim
+    `weight_scale_2`, compressed-tensors' one-element reciprocal and gpt-oss's 4-D experts, run by the kernels
+    against the reference of the file's tensors on the CPU."""
+    from test_linear_op import _assert_kernel_close
+
+    torch.manual_seed(4)
+    n, k = 200, 2880
+    q, s, g = quantize_nvfp4(torch.randn(n, k) * 0.02)
+    qm, sm, _ = quantize_mxfp4(torch.randn(n, k) * 0.02)
+    tensors = {"a.weight": q, "a.weight_scale": s, "a.weight_scale_2": g, "a.bias": torch.randn(n).to(torch.bfloat16),
+               "b.weight_packed": q, "b.weight_scale": s, "b.weight_global_scale": (1.0 / g).reshape(1),
+               "e.down_proj_blocks": torch.stack([qm.view(n, k // 32, 16), qm.flip(0).view(n, k // 32, 16)]),
+               "e.down_proj_scales": torch.stack([sm, sm.flip(0)])}
+    path = tmp_path / "model.safetensors"
+    safetensors_torch.save_file(tensors, str(path))
+    sd = safetensors_torch.load_file(str(path), device="cuda")
+    assert sd["a.weight_scale_2"].shape == () and sd["a.weight_scale_2"].is_cuda
+    layers = [load_modelopt_nvfp4(sd, "a"), load_compressed_tensors_nvfp4(sd, "b"),
+              *load_gpt_oss_experts(sd, "e", "down_proj")]
+    x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    for layer in layers:
+        assert layer.weight.is_cuda
+        y = layer(x)
+        assert y.shape == (m, n) and torch.equal(y, layer(x))
+        _assert_kernel_close(y, dict(x=x, weight=layer.weight, weight_scale=layer.weight_scale, fmt=layer.fmt,
+                                     scale_layout="plain", global_scale=layer.global_scale, bias=layer.bias))

@@ -631,6 +631,33 @@ def test_gpu_cuda_graph_and_compile(m):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1)], ids=["0-dim", "1", "1x1"])
+@pytest.mark.parametrize("m", [1, 8, 160])
+def test_gpu_global_scale_of_any_shape(shape, m):
+    """A one-element fp32 global scale of any shape (ModelOpt and the quantizer give a 0-dim one), through the op
+    eagerly and in a CUDA graph, and through the module that `from_linear` quantizes: the values of a float scale."""
+    a = _cuda(operands(lead=(m,), n=300, k=512)[0])
+    want = fp4_linear(**a)
+    g = torch.full(shape, a["global_scale"], dtype=torch.float32, device="cuda")
+    assert torch.equal(fp4_linear(**{**a, "global_scale": g}), want)
+    assert torch.equal(torch.ops.nvfp4_gemv.fp4_linear(*op_args({**a, "global_scale": g})), want)
+    static_x = a["x"].clone()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = fp4_linear(**{**a, "x": static_x, "global_scale": g})
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_y, want)
+    linear = torch.nn.Linear(512, 300, device="cuda", dtype=torch.bfloat16)
+    layer = FP4Linear.from_linear(linear, "nvfp4")
+    assert layer.global_scale.shape == ()
+    x = a["x"]
+    y = layer(x)
+    _assert_kernel_close(y, dict(x=x, weight=layer.weight, weight_scale=layer.weight_scale, fmt="nvfp4",
+                                 scale_layout="plain", global_scale=layer.global_scale, bias=layer.bias))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt,scale_layout", LAYOUTS)
 def test_gpu_with_grad(fmt, scale_layout):
     """x (and bias) requiring grad on CUDA: the same kernel forward (the same bits), and the op's backward."""

@@ -1,15 +1,20 @@
 """Shapes that no other file names, drawn at random with fixed seeds (marked `gpu`): the dispatched GEMV on contest and
 full-range data, and the fp4 linear over formats, scale layouts, x dtypes, bias and global scale, against their
 references. Dispatch chooses kernels and splits from (M, K, L) or (M, N, K); these draws land between the shapes it was
-fitted on, at token counts, row counts and K that the fixed-shape tests skip."""
+fitted on, at token counts, row counts and K that the fixed-shape tests skip.
 
+Other draws: `NVFP4_GEMV_DRAW_SEED=<int>` moves every seed here by that much, and `NVFP4_GEMV_DRAWS=<n>` multiplies
+the number of draws, so a GPU can check shapes that no run has seen:
+`NVFP4_GEMV_DRAW_SEED=$RANDOM NVFP4_GEMV_DRAWS=4 python -m pytest -q -m gpu tests/test_random_shapes_gpu.py`."""
+
+import os
 import random
 
 import pytest
 import torch
 
 from nvfp4_gemv.kernel import custom_kernel
-from nvfp4_gemv.linear import fp4_linear
+from nvfp4_gemv.linear import FP4Linear, fp4_linear, quantize_mxfp4, quantize_nvfp4
 from submission.reference import check, generate_full_range, generate_input, ref_kernel
 from test_linear_op import LAYOUTS, _assert_kernel_close, _cuda, operands
 
@@ -17,6 +22,8 @@ pytestmark = pytest.mark.gpu
 
 GEMV_BYTES = 48 << 20  # A's bytes at most, so that a draw runs in a second or two
 LINEAR_BYTES = 32 << 20
+SEED = int(os.environ.get("NVFP4_GEMV_DRAW_SEED", "0"))
+DRAWS = int(os.environ.get("NVFP4_GEMV_DRAWS", "1"))
 
 
 def log_uniform(rng: random.Random, lo: int, hi: int) -> int:
@@ -24,7 +31,7 @@ def log_uniform(rng: random.Random, lo: int, hi: int) -> int:
 
 
 def gemv_shapes(count: int, seed: int = 20261202):
-    rng = random.Random(seed)
+    rng = random.Random(seed + SEED)
     shapes = []
     while len(shapes) < count:
         m, k, l = log_uniform(rng, 1, 30000), 64 * log_uniform(rng, 1, 450), rng.choice([1, 1, 2, 3, 4, 5, 8])
@@ -34,7 +41,7 @@ def gemv_shapes(count: int, seed: int = 20261202):
 
 
 def linear_cases(count: int, seed: int = 20261203):
-    rng = random.Random(seed)
+    rng = random.Random(seed + SEED)
     cases = []
     while len(cases) < count:
         n, k = log_uniform(rng, 1, 30000), 64 * log_uniform(rng, 1, 450)
@@ -55,7 +62,7 @@ def _run(data, sf_kind):
     return out, ref_kernel(tuple(ref_data))
 
 
-@pytest.mark.parametrize("m,k,l", gemv_shapes(24), ids=lambda v: str(v))
+@pytest.mark.parametrize("m,k,l", gemv_shapes(24 * DRAWS), ids=lambda v: str(v))
 def test_gemv_random_shape(m, k, l):
     for sf_kind in ("permuted", "plain"):
         out, ref = _run(generate_input(m, k, l, seed=m + 3 * k + l, device="cuda"), sf_kind)
@@ -65,9 +72,50 @@ def test_gemv_random_shape(m, k, l):
         assert ok, f"{sf_kind} scales, full-range data: {msg}"
 
 
-@pytest.mark.parametrize("m,n,k,fmt,layout,dtype,bias,seed", linear_cases(32), ids=lambda v: str(v))
+@pytest.mark.parametrize("m,n,k,fmt,layout,dtype,bias,seed", linear_cases(32 * DRAWS), ids=lambda v: str(v))
 def test_linear_random_shape(m, n, k, fmt, layout, dtype, bias, seed):
     a = _cuda(operands(fmt, layout, n=n, k=k, lead=(m,), dtype=dtype, bias=bias, seed=seed % 10000)[0])
     y = fp4_linear(**a)
     assert y.shape == (m, n) and y.dtype == dtype
     _assert_kernel_close(y, a)
+
+
+def checkpoint_like(n: int, k: int, g: torch.Generator) -> torch.Tensor:
+    """A weight as models have them, before quantization: rows of magnitudes from 2^-10 to 2^4, a few outliers 50x
+    their row, and a few all-zero 32-element blocks (an amax rule gives them the least scale: e8m0 byte 0, e4m3 0)."""
+    w = torch.randn(n, k, generator=g) * torch.exp2(torch.rand(n, 1, generator=g) * 14 - 10)
+    outliers = torch.rand(n, k, generator=g) < 1e-3
+    w[outliers] *= 50
+    w.view(n, k // 32, 32)[torch.rand(n, k // 32, generator=g) < 0.01] = 0
+    return w
+
+
+def quantized_cases(count: int, seed: int = 20261206):
+    rng = random.Random(seed + SEED)
+    cases = []
+    while len(cases) < count:
+        n, k = log_uniform(rng, 1, 20000), 64 * log_uniform(rng, 1, 300)
+        m = rng.choice([1, 1, 2, 3, 4, 6, 8, 10, 16, 20, 32, 33, 64, 127, 200])
+        fmt, layout = rng.choice(LAYOUTS)
+        if n * k // 2 <= LINEAR_BYTES // 2:
+            cases.append((m, n, k, fmt, layout, rng.choice([torch.bfloat16, torch.float16]), rng.randrange(1 << 30)))
+    return cases
+
+
+@pytest.mark.parametrize("m,n,k,fmt,layout,dtype,seed", quantized_cases(24 * DRAWS), ids=lambda v: str(v))
+def test_linear_random_quantized(m, n, k, fmt, layout, dtype, seed):
+    """The path users take: a checkpoint-like weight quantized with the amax rules (zero blocks and outliers
+    included), at token counts up to the dequantize-and-GEMM path, through the module; against the fp32 reference,
+    and the same bits on a second call."""
+    g = torch.Generator().manual_seed(seed)
+    w = checkpoint_like(n, k, g).cuda()
+    weight, scale, global_scale = (quantize_nvfp4(w, layout) if fmt == "nvfp4" else quantize_mxfp4(w))
+    bias = (torch.randn(n, generator=g) * 0.1).to(dtype).cuda() if seed % 2 else None
+    layer = FP4Linear.from_quantized(weight, scale, fmt, global_scale, bias, layout, dtype)
+    x = torch.randn(m, k, generator=g).to(dtype).cuda()
+    y = layer(x)
+    assert y.shape == (m, n) and y.dtype == dtype
+    a = dict(x=x, weight=weight, weight_scale=scale, fmt=fmt, global_scale=global_scale, bias=bias,
+             scale_layout=layout)
+    _assert_kernel_close(y, a)
+    assert torch.equal(y, layer(x)), layer.path(m, dtype)

@@ -741,8 +741,11 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
             plan = plans[tokens] = plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout,
                                             has_global_scale, has_bias, **override)
         fn, gs_dummy, bias_dummy, prepared = plan
-        operands = (x2d, weight_u8, scale, out2d, gs_dummy if global_scale is None else global_scale,
-                    bias_dummy if bias is None else bias)
+        if global_scale is None:
+            global_scale = gs_dummy
+        elif global_scale.dim() != 1:  # a checkpoint's 0-dim scale (ModelOpt's weight_scale_2), or (1, 1): the
+            global_scale = global_scale.view(1)  # kernels take a 1-D tensor of one element
+        operands = (x2d, weight_u8, scale, out2d, global_scale, bias_dummy if bias is None else bias)
         if prepared:
             fn(*operands, *workspace(prepared, m))
         else:
