@@ -184,7 +184,7 @@ def test_loaders_on_the_gpu(tmp_path, m):
     q, s, g = quantize_nvfp4(torch.randn(n, k) * 0.02)
     qm, sm, _ = quantize_mxfp4(torch.randn(n, k) * 0.02)
     tensors = {"a.weight": q, "a.weight_scale": s, "a.weight_scale_2": g, "a.bias": torch.randn(n).to(torch.bfloat16),
-               "b.weight_packed": q, "b.weight_scale": s, "b.weight_global_scale": (1.0 / g).reshape(1),
+               "b.weight_packed": q.clone(), "b.weight_scale": s.clone(), "b.weight_global_scale": (1.0 / g).reshape(1),
                "e.down_proj_blocks": torch.stack([qm.view(n, k // 32, 16), qm.flip(0).view(n, k // 32, 16)]),
                "e.down_proj_scales": torch.stack([sm, sm.flip(0)])}
     path = tmp_path / "model.safetensors"
