@@ -26,3 +26,41 @@ def test_unknown_names_are_refused():
 
     with pytest.raises(AttributeError, match="no attribute 'gemm'"):
         nvfp4_gemv.gemm  # noqa: B018
+
+
+def _readme_linear_example() -> str:
+    """The README's linear example: the indented block that quantizes a weight and builds an FP4Linear."""
+    from pathlib import Path
+
+    lines = (Path(__file__).resolve().parent.parent / "README.md").read_text().splitlines()
+    start = lines.index("    from nvfp4_gemv.linear import FP4Linear, fp4_linear, quantize_nvfp4") - 1
+    block = []
+    for line in lines[start:]:
+        if line and not line.startswith("    "):
+            break
+        block.append(line[4:])
+    return "\n".join(block).strip()
+
+
+def test_readme_linear_example_on_the_cpu():
+    code = _readme_linear_example().replace(".cuda()", "").replace('device="cuda"', 'device="cpu"')
+    assert "FP4Linear.from_quantized" in code and "layer(x)" in code
+    scope = {}
+    exec(code, scope)
+    assert scope["y"].shape == (2, 4096) and scope["layer"].path(2) == "reference (cpu)"
+
+
+@pytest.mark.gpu
+def test_readme_linear_example_on_the_gpu():
+    """The example as written (ModelOpt-style 0-dim global scale, `.cuda()` on the module), and its float-scale
+    alternative in the comment, give the same numbers."""
+    import torch
+
+    scope = {}
+    exec(_readme_linear_example(), scope)
+    y, layer, x = scope["y"], scope["layer"], scope["x"]
+    assert y.is_cuda and y.shape == (2, 4096)
+    from nvfp4_gemv.linear import fp4_linear
+
+    q, sf, gs = scope["q"], scope["sf"], scope["gs"]
+    assert torch.equal(y, fp4_linear(x, q.cuda(), sf.cuda(), "nvfp4", gs.item()))
