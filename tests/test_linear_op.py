@@ -658,6 +658,50 @@ def test_gpu_global_scale_of_any_shape(shape, m):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_gpu_module_lifecycle(fmt):
+    """The module's life on the GPU as a server lives it: built on the meta device, `to_empty` onto the GPU,
+    `load_state_dict` from a CPU state dict, `.half()`, and `torch.compile(fullgraph=True)` (inductor): the kernels'
+    numbers, the same bits eager and compiled, and the CPU module's reference within the tolerance."""
+    src = FP4Linear.from_linear(torch.nn.Linear(512, 300).to(torch.bfloat16), fmt)
+    with torch.device("meta"):
+        m = FP4Linear(512, 300, fmt=fmt)
+    m = m.to_empty(device="cuda")
+    m.load_state_dict(src.state_dict())
+    assert m.weight.is_cuda and (fmt == "mxfp4" or m.global_scale.shape == ())
+    for dtype, tokens in ((torch.bfloat16, (1, 4, 16, 160)), (torch.float16, (1, 8))):
+        if dtype == torch.float16:
+            m, src = m.half(), src.half()
+        for t in tokens:
+            x = torch.randn(t, 512).to(dtype)
+            y = m(x.cuda())
+            a = dict(x=x, weight=src.weight, weight_scale=src.weight_scale, fmt=fmt, scale_layout="plain",
+                     global_scale=src.global_scale, bias=src.bias)
+            _assert_kernel_close(y.cpu(), a)
+        torch._dynamo.reset()
+        compiled = torch.compile(m, fullgraph=True)
+        x = torch.randn(4, 512, device="cuda").to(dtype)
+        assert torch.equal(compiled(x), m(x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,scale_layout", LAYOUTS)
+@pytest.mark.parametrize("m", [1, 8, 160])
+def test_gpu_weight_and_scale_dtypes(fmt, scale_layout, m):
+    """The checkpoint dtypes the op takes on the GPU (weight as float4_e2m1fn_x2; MXFP4 scales as float8_e8m0fnu),
+    read as the same bytes as uint8: the same bits, at the fp4 kernel's token counts and the dequantize path's."""
+    a = _cuda(operands(fmt, scale_layout, n=300, k=512, lead=(m,))[0])
+    want = fp4_linear(**a)
+    weights = (a["weight"], a["weight"].view(torch.float4_e2m1fn_x2))
+    scales = (a["weight_scale"],)
+    if fmt == "mxfp4":
+        scales += (a["weight_scale"].view(torch.float8_e8m0fnu),)
+    for w in weights:
+        for sf in scales:
+            assert torch.equal(fp4_linear(**{**a, "weight": w, "weight_scale": sf}), want), (w.dtype, sf.dtype)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt,scale_layout", LAYOUTS)
 def test_gpu_with_grad(fmt, scale_layout):
     """x (and bias) requiring grad on CUDA: the same kernel forward (the same bits), and the op's backward."""
