@@ -182,6 +182,29 @@ def test_compile_module():
     assert torch.equal(torch.compile(m, fullgraph=True, backend="aot_eager")(x), m(x))
 
 
+def _autocast_checks(device: str):
+    """Under torch.autocast for `device`, fp32 x (and the module's bf16 bias) are cast to autocast's dtype, as
+    nn.Linear's inputs are: the numbers of the explicit cast, eager and compiled; without autocast fp32 x is refused."""
+    layer = FP4Linear.from_linear(torch.nn.Linear(128, 40).to(torch.bfloat16), "nvfp4").to(device)
+    x = torch.randn(3, 128, device=device)
+    for dtype in (torch.bfloat16, torch.float16):
+        want = fp4_linear(x.to(dtype), layer.weight, layer.weight_scale, "nvfp4", layer.global_scale,
+                          layer.bias.to(dtype))
+        torch._dynamo.reset()
+        compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+        with torch.autocast(device, dtype=dtype):
+            y, yc = layer(x), compiled(x)
+            assert torch.equal(layer(x.to(dtype)), want)  # already in autocast's dtype: unchanged
+        assert y.dtype == dtype and torch.equal(y, want) and torch.equal(yc, want)
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=False):
+        with pytest.raises(ValueError, match="^x: expected dtype"):
+            layer(x)
+
+
+def test_autocast_casts_x_and_bias_as_nn_linear():
+    _autocast_checks("cpu")
+
+
 def test_compile_reports_bad_input():
     a, _ = operands()
     w, s = a["weight"], a["weight_scale"]
@@ -699,6 +722,11 @@ def test_gpu_weight_and_scale_dtypes(fmt, scale_layout, m):
     for w in weights:
         for sf in scales:
             assert torch.equal(fp4_linear(**{**a, "weight": w, "weight_scale": sf}), want), (w.dtype, sf.dtype)
+
+
+@pytest.mark.gpu
+def test_gpu_autocast():
+    _autocast_checks("cuda")
 
 
 @pytest.mark.gpu

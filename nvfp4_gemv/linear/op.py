@@ -17,6 +17,9 @@ Gradients: the op has an autograd formula for x, bias and a tensor global scale 
 reference in row chunks, fp32 sums), so a frozen fp4 layer can sit under trained adapters, in eager mode and under
 torch.compile. An eager CUDA call whose x or bias requires grad (with grad mode on) goes through the op for that; the
 CPU path is the reference, which autograd follows as it is.
+
+Autocast: under `torch.autocast` for x's device, `fp4_linear` (and so FP4Linear) casts x and the bias to autocast's
+dtype first, as nn.Linear's inputs are cast; the op itself takes bf16/fp16 x only.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import numbers
 
 import torch
 
-from nvfp4_gemv.linear.formats import format_of
+from nvfp4_gemv.linear.formats import ACTIVATION_DTYPES, format_of
 from nvfp4_gemv.linear.reference import dequantize, linear_reference
 from nvfp4_gemv.linear.validate import PTR_ALIGN, check_global_scale, validate_linear
 
@@ -190,6 +193,18 @@ def _backward(ctx, grad):
 fp4_linear_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _autocast(x, bias):
+    """x and the bias in the dtype torch.autocast gives x's device type, where that is bf16 or fp16 (nn.Linear's
+    inputs are cast the same way)."""
+    dtype = torch.get_autocast_dtype(x.device.type)
+    if dtype in ACTIVATION_DTYPES:
+        if x.is_floating_point() and x.dtype != dtype:
+            x = x.to(dtype)
+        if isinstance(bias, torch.Tensor) and bias.is_floating_point() and bias.dtype != dtype:
+            bias = bias.to(dtype)
+    return x, bias
+
+
 def fp4_linear(x, weight, weight_scale, fmt="nvfp4", global_scale=None, bias=None, scale_layout="plain"):
     """y = x · dequant(weight)ᵀ (+ bias): x (..., K) bf16/fp16 -> y (..., N) in x's dtype.
 
@@ -200,8 +215,14 @@ def fp4_linear(x, weight, weight_scale, fmt="nvfp4", global_scale=None, bias=Non
     (under torch.compile, wrapped in the tracer's error). Weights are read in place; x may be copied.
 
     Where N is a multiple of 128, plain and swizzled NVFP4 scales have the same shape, so only `scale_layout` says
-    which the buffer holds: a wrong one cannot be told from the tensors and gives wrong numbers.
+    which the buffer holds: a wrong one cannot be told from the tensors and gives wrong numbers. Under
+    torch.autocast, x and the bias are first cast to autocast's dtype for x's device (bf16 or fp16), as nn.Linear's.
     """
+    device_type = x.device.type if isinstance(x, torch.Tensor) else None
+    if device_type is not None and torch.is_autocast_enabled(device_type):
+        x, bias = _autocast(x, bias)
+        with torch.autocast(device_type, enabled=False):  # the reference's and the GEMM path's fp32 sums stay fp32
+            return fp4_linear(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
     if torch.compiler.is_compiling():
         if isinstance(global_scale, numbers.Real) and not isinstance(global_scale, bool):
             if not format_of(fmt).has_global:
@@ -211,7 +232,7 @@ def fp4_linear(x, weight, weight_scale, fmt="nvfp4", global_scale=None, bias=Non
             # limit with fullgraph=True). So no NaN check here: a NaN or infinite scale gives NaN or inf outputs.
             global_scale = torch.ones((1,), dtype=torch.float32, device=x.device) * global_scale
         return torch.ops.nvfp4_gemv.fp4_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)
-    if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+    if device_type == "cuda":
         # Inputs that need grad go through the op, which autograd knows (_backward); the kernel still runs forward.
         if torch.is_grad_enabled() and (x.requires_grad or (isinstance(bias, torch.Tensor) and bias.requires_grad) or (
                 isinstance(global_scale, torch.Tensor) and global_scale.requires_grad)):
