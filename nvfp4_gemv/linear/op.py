@@ -193,6 +193,9 @@ def _backward(ctx, grad):
 fp4_linear_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+_AUTOCAST_DEVICES = ("cuda", "cpu")  # where x's device type can hold an autocast state (meta cannot be asked)
+
+
 def _autocast(x, bias):
     """x and the bias in the dtype torch.autocast gives x's device type, where that is bf16 or fp16 (nn.Linear's
     inputs are cast the same way)."""
@@ -219,7 +222,7 @@ def fp4_linear(x, weight, weight_scale, fmt="nvfp4", global_scale=None, bias=Non
     torch.autocast, x and the bias are first cast to autocast's dtype for x's device (bf16 or fp16), as nn.Linear's.
     """
     device_type = x.device.type if isinstance(x, torch.Tensor) else None
-    if device_type is not None and torch.is_autocast_enabled(device_type):
+    if device_type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device_type):
         x, bias = _autocast(x, bias)
         with torch.autocast(device_type, enabled=False):  # the reference's and the GEMM path's fp32 sums stay fp32
             return fp4_linear(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
