@@ -205,6 +205,20 @@ def test_autocast_casts_x_and_bias_as_nn_linear():
     _autocast_checks("cpu")
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_torch_export_with_dynamic_tokens(device, fmt):
+    """torch.export of the module (the op as one node, M dynamic) runs as the module does, at other token counts."""
+    layer = FP4Linear.from_linear(torch.nn.Linear(128, 40).to(torch.bfloat16), fmt).to(device)
+    x = torch.randn(3, 128, device=device).to(torch.bfloat16)
+    ep = torch.export.export(layer, (x,), dynamic_shapes=({0: torch.export.Dim("m", max=4096)},))
+    nodes = [n.target for n in ep.graph.nodes if n.op == "call_function"]
+    assert nodes == [torch.ops.nvfp4_gemv.fp4_linear.default]
+    for m in (3, 1, 16, 200):
+        x = torch.randn(m, 128, device=device).to(torch.bfloat16)
+        assert torch.equal(ep.module()(x), layer(x))
+
+
 def test_compile_reports_bad_input():
     a, _ = operands()
     w, s = a["weight"], a["weight_scale"]
