@@ -40,15 +40,22 @@ def gemv_shapes(count: int, seed: int = 20261202):
     return shapes
 
 
+def linear_draw(rng: random.Random, n_max: int, k_max: int, tokens, max_bytes: int):
+    """(M, N, K, format, scale layout) of one linear draw (N and K/64 log-uniform), or None where the weight's codes
+    pass max_bytes."""
+    n, k = log_uniform(rng, 1, n_max), 64 * log_uniform(rng, 1, k_max // 64)
+    m = rng.choice(tokens)
+    fmt, layout = rng.choice(LAYOUTS)
+    return (m, n, k, fmt, layout) if n * k // 2 <= max_bytes else None
+
+
 def linear_cases(count: int, seed: int = 20261203):
     rng = random.Random(seed + SEED)
     cases = []
     while len(cases) < count:
-        n, k = log_uniform(rng, 1, 30000), 64 * log_uniform(rng, 1, 450)
-        m = rng.choice([1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 15, 16, 17, 24])
-        fmt, layout = rng.choice(LAYOUTS)
-        if n * k // 2 <= LINEAR_BYTES:
-            cases.append((m, n, k, fmt, layout, rng.choice([torch.bfloat16, torch.float16]), rng.random() < 0.5,
+        draw = linear_draw(rng, 30000, 64 * 450, [1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 12, 13, 15, 16, 17, 24], LINEAR_BYTES)
+        if draw:
+            cases.append((*draw, rng.choice([torch.bfloat16, torch.float16]), rng.random() < 0.5,
                           rng.randrange(1 << 30)))
     return cases
 
@@ -94,11 +101,10 @@ def quantized_cases(count: int, seed: int = 20261206):
     rng = random.Random(seed + SEED)
     cases = []
     while len(cases) < count:
-        n, k = log_uniform(rng, 1, 20000), 64 * log_uniform(rng, 1, 300)
-        m = rng.choice([1, 1, 2, 3, 4, 6, 8, 10, 16, 20, 32, 33, 64, 127, 200])
-        fmt, layout = rng.choice(LAYOUTS)
-        if n * k // 2 <= LINEAR_BYTES // 2:
-            cases.append((m, n, k, fmt, layout, rng.choice([torch.bfloat16, torch.float16]), rng.randrange(1 << 30)))
+        draw = linear_draw(rng, 20000, 64 * 300, [1, 1, 2, 3, 4, 6, 8, 10, 16, 20, 32, 33, 64, 127, 200],
+                           LINEAR_BYTES // 2)
+        if draw:
+            cases.append((*draw, rng.choice([torch.bfloat16, torch.float16]), rng.randrange(1 << 30)))
     return cases
 
 
