@@ -177,7 +177,7 @@ def test_loaders_on_the_gpu(tmp_path, m):
     """Checkpoints loaded straight onto the GPU (safetensors' `device="cuda"`), as a server loads them: ModelOpt's 0-dim
     `weight_scale_2`, compressed-tensors' one-element reciprocal and gpt-oss's 4-D experts, run by the kernels
     against the reference of the file's tensors on the CPU."""
-    from test_linear_op import _assert_kernel_close
+    from test_linear_op import _assert_kernel_close, module_args
 
     torch.manual_seed(4)
     n, k = 200, 2880
@@ -198,5 +198,4 @@ def test_loaders_on_the_gpu(tmp_path, m):
         assert layer.weight.is_cuda
         y = layer(x)
         assert y.shape == (m, n) and torch.equal(y, layer(x))
-        _assert_kernel_close(y, dict(x=x, weight=layer.weight, weight_scale=layer.weight_scale, fmt=layer.fmt,
-                                     scale_layout="plain", global_scale=layer.global_scale, bias=layer.bias))
+        _assert_kernel_close(y, module_args(layer, x))

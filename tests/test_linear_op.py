@@ -621,6 +621,12 @@ def _cuda(a):
     return {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in a.items()}
 
 
+def module_args(layer, x):
+    """fp4_linear's keyword arguments for `layer` (an FP4Linear) on x, for the reference and _assert_kernel_close."""
+    return dict(x=x, weight=layer.weight, weight_scale=layer.weight_scale, fmt=layer.fmt,
+                scale_layout=layer.scale_layout, global_scale=layer.global_scale, bias=layer.bias)
+
+
 def _assert_kernel_close(y, a):
     """The kernel sums in another order than the reference: within fp32 accumulation error plus one rounding."""
     n, k = a["weight"].shape[0], a["x"].shape[-1]
@@ -690,8 +696,7 @@ def test_gpu_global_scale_of_any_shape(shape, m):
     assert layer.global_scale.shape == ()
     x = a["x"]
     y = layer(x)
-    _assert_kernel_close(y, dict(x=x, weight=layer.weight, weight_scale=layer.weight_scale, fmt="nvfp4",
-                                 scale_layout="plain", global_scale=layer.global_scale, bias=layer.bias))
+    _assert_kernel_close(y, module_args(layer, x))
 
 
 @pytest.mark.gpu
@@ -712,9 +717,7 @@ def test_gpu_module_lifecycle(fmt):
         for t in tokens:
             x = torch.randn(t, 512).to(dtype)
             y = m(x.cuda())
-            a = dict(x=x, weight=src.weight, weight_scale=src.weight_scale, fmt=fmt, scale_layout="plain",
-                     global_scale=src.global_scale, bias=src.bias)
-            _assert_kernel_close(y.cpu(), a)
+            _assert_kernel_close(y.cpu(), module_args(src, x))
         torch._dynamo.reset()
         compiled = torch.compile(m, fullgraph=True)
         x = torch.randn(4, 512, device="cuda").to(dtype)

@@ -196,10 +196,10 @@ fp4_linear_op.register_autograd(_backward, setup_context=_setup_context)
 _AUTOCAST_DEVICES = ("cuda", "cpu")  # where x's device type can hold an autocast state (meta cannot be asked)
 
 
-def _autocast(x, bias):
+def _autocast(x, bias, device_type: str):
     """x and the bias in the dtype torch.autocast gives x's device type, where that is bf16 or fp16 (nn.Linear's
     inputs are cast the same way)."""
-    dtype = torch.get_autocast_dtype(x.device.type)
+    dtype = torch.get_autocast_dtype(device_type)
     if dtype in ACTIVATION_DTYPES:
         if x.is_floating_point() and x.dtype != dtype:
             x = x.to(dtype)
@@ -223,7 +223,7 @@ def fp4_linear(x, weight, weight_scale, fmt="nvfp4", global_scale=None, bias=Non
     """
     device_type = x.device.type if isinstance(x, torch.Tensor) else None
     if device_type in _AUTOCAST_DEVICES and torch.is_autocast_enabled(device_type):
-        x, bias = _autocast(x, bias)
+        x, bias = _autocast(x, bias, device_type)
         with torch.autocast(device_type, enabled=False):  # the reference's and the GEMM path's fp32 sums stay fp32
             return fp4_linear(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
     if torch.compiler.is_compiling():
