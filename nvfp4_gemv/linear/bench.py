@@ -217,21 +217,16 @@ def _mx_fold_ab(shapes, tokens, scales, rounds, csv_path, log, x_dtype):
 
     dtype = TORCH_DTYPES[x_dtype]
     rows = []
-    for n, k in shapes:
-        read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, "mxfp4")))
+    for n, k, m, cfg, read in _fold_points(shapes, tokens, x_dtype):
         for drawn in scales:
-            for m in tokens:
-                cfg = kernels.config_for(m, n, k, "mxfp4", "plain", x_dtype, False, False)
-                if not cfg.mx_fold:  # block columns
-                    continue
-                with _drawn_with(MXFP4_SCALES=drawn):
-                    times = _best_of(n, k, m, "mxfp4", dtype, {"general": _general_of(cfg), "fold": _ab_fields(cfg)},
-                                     rounds)
-                _logged(rows, log, dict(n=n, k=k, m=m, x=x_dtype, scales=f"{drawn[0]}-{drawn[1]}",
-                                        read_us=round(read, 3), general_us=round(times["general"], 3),
-                                        fold_us=round(times["fold"], 3),
-                                        fold_over_general=round(times["fold"] / times["general"], 4),
-                                        config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1]))
+            with _drawn_with(MXFP4_SCALES=drawn):
+                times = _best_of(n, k, m, "mxfp4", dtype, {"general": _general_of(cfg), "fold": _ab_fields(cfg)},
+                                 rounds)
+            _logged(rows, log, dict(n=n, k=k, m=m, x=x_dtype, scales=f"{drawn[0]}-{drawn[1]}",
+                                    read_us=round(read, 3), general_us=round(times["general"], 3),
+                                    fold_us=round(times["fold"], 3),
+                                    fold_over_general=round(times["fold"] / times["general"], 4),
+                                    config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1]))
     if csv_path:
         write_csv(rows, csv_path)
     return rows
