@@ -4,6 +4,7 @@ The CUDA kernel's eager path (`EagerLinear`) runs here on CPU tensors with a sta
 was handed, so its caching, copies and pointer checks are tested without a GPU. Tests marked `gpu` run the kernels.
 """
 
+import math
 import subprocess
 import sys
 from fractions import Fraction
@@ -674,14 +675,19 @@ def test_gpu_cuda_graph_and_compile(m):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(), (1,), (1, 1)], ids=["0-dim", "1", "1x1"])
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1), "expanded"], ids=["0-dim", "1", "1x1", "expanded"])
 @pytest.mark.parametrize("m", [1, 8, 160])
 def test_gpu_global_scale_of_any_shape(shape, m):
-    """A one-element fp32 global scale of any shape (ModelOpt and the quantizer give a 0-dim one), through the op
-    eagerly and in a CUDA graph, and through the module that `from_linear` quantizes: the values of a float scale."""
+    """A one-element fp32 global scale of any shape or stride (ModelOpt and the quantizer give a 0-dim one; an
+    expanded scalar has stride 0), through the op eagerly and in a CUDA graph, and through the module that
+    `from_linear` quantizes: the values of a float scale."""
     a = _cuda(operands(lead=(m,), n=300, k=512)[0])
     want = fp4_linear(**a)
-    g = torch.full(shape, a["global_scale"], dtype=torch.float32, device="cuda")
+    if shape == "expanded":
+        g = torch.tensor(a["global_scale"], dtype=torch.float32, device="cuda").expand(1)
+        assert g.stride() == (0,)
+    else:
+        g = torch.full(shape, a["global_scale"], dtype=torch.float32, device="cuda")
     assert torch.equal(fp4_linear(**{**a, "global_scale": g}), want)
     assert torch.equal(torch.ops.nvfp4_gemv.fp4_linear(*op_args({**a, "global_scale": g})), want)
     static_x = a["x"].clone()
@@ -697,6 +703,22 @@ def test_gpu_global_scale_of_any_shape(shape, m):
     x = a["x"]
     y = layer(x)
     _assert_kernel_close(y, module_args(layer, x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lead", [(), (2, 3, 5), (0,)], ids=["1-D x", "3 leading dims", "no rows"])
+def test_gpu_leading_dims_of_x(lead):
+    """x of any leading shape on the GPU, as nn.Linear takes it: (K,) gives (N,), (2, 3, 5, K) gives (2, 3, 5, N),
+    zero rows give an empty y; the rows' numbers those of x as (M, K), and a strided x (copied) the same."""
+    a = _cuda(operands(lead=(max(1, math.prod(lead)),), n=300, k=512)[0])
+    x2d = a["x"][: math.prod(lead)]
+    x = x2d.reshape(*lead, 512)
+    y = fp4_linear(**{**a, "x": x})
+    assert y.shape == (*lead, 300)
+    assert torch.equal(y.reshape(-1, 300), fp4_linear(**{**a, "x": x2d}))
+    strided = torch.empty(*lead, 1024, dtype=x.dtype, device="cuda")[..., ::2]
+    strided.copy_(x)
+    assert (not strided.is_contiguous() or not y.numel()) and torch.equal(fp4_linear(**{**a, "x": strided}), y)
 
 
 @pytest.mark.gpu

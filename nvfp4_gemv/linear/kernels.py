@@ -743,8 +743,8 @@ def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale
         fn, gs_dummy, bias_dummy, prepared = plan
         if global_scale is None:
             global_scale = gs_dummy
-        elif global_scale.dim() != 1:  # a checkpoint's 0-dim scale (ModelOpt's weight_scale_2), or (1, 1): the
-            global_scale = global_scale.view(1)  # kernels take a 1-D tensor of one element
+        elif global_scale.dim() != 1 or global_scale.stride(0) != 1:  # the kernels take a 1-D tensor of stride 1:
+            global_scale = global_scale.as_strided((1,), (1,))  # a checkpoint's 0-dim scale, (1, 1), an expand
         operands = (x2d, weight_u8, scale, out2d, global_scale, bias_dummy if bias is None else bias)
         if prepared:
             fn(*operands, *workspace(prepared, m))
