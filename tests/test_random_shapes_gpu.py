@@ -16,7 +16,7 @@ import torch
 from nvfp4_gemv.kernel import custom_kernel
 from nvfp4_gemv.linear import FP4Linear, fp4_linear, quantize_mxfp4, quantize_nvfp4
 from submission.reference import check, generate_full_range, generate_input, ref_kernel
-from test_linear_op import LAYOUTS, _assert_kernel_close, _cuda, operands
+from test_linear_op import LAYOUTS, _assert_kernel_close, _cuda, module_args, operands
 
 pytestmark = pytest.mark.gpu
 
@@ -121,7 +121,5 @@ def test_linear_random_quantized(m, n, k, fmt, layout, dtype, seed):
     x = torch.randn(m, k, generator=g).to(dtype).cuda()
     y = layer(x)
     assert y.shape == (m, n) and y.dtype == dtype
-    a = dict(x=x, weight=weight, weight_scale=scale, fmt=fmt, global_scale=global_scale, bias=bias,
-             scale_layout=layout)
-    _assert_kernel_close(y, a)
+    _assert_kernel_close(y, module_args(layer, x))
     assert torch.equal(y, layer(x)), layer.path(m, dtype)
