@@ -8,6 +8,7 @@ import torch
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from nvfp4_gemv.linear import (  # noqa: E402
+    FP4Linear,
     dequantize,
     linear_reference,
     load_compressed_tensors_nvfp4,
@@ -15,6 +16,7 @@ from nvfp4_gemv.linear import (  # noqa: E402
     load_modelopt_nvfp4,
     quantize_mxfp4,
     quantize_nvfp4,
+    replace_linears,
 )
 from test_linear_reference import np_dequantize, u8  # noqa: E402
 
@@ -169,6 +171,71 @@ def test_loader_errors(tmp_path):
     with pytest.raises(ValueError, match=r"^e\.down_proj_bias: expected shape \(2, 8\)"):
         load_gpt_oss_experts({"e.down_proj_blocks": blocks, "e.down_proj_scales": torch.zeros(2, 8, 4),
                               "e.down_proj_bias": torch.zeros(8)}, "e", "down_proj")
+
+
+def _tiny_model(dtype=torch.bfloat16):
+    """Two quantizable projections under nested names, an activation, and an lm_head left unquantized."""
+    torch.manual_seed(5)
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([torch.nn.Module()])
+    model.layers[0].mlp = torch.nn.Sequential(torch.nn.Linear(128, 192), torch.nn.ReLU(),
+                                              torch.nn.Linear(192, 64, bias=False))
+    model.lm_head = torch.nn.Linear(64, 10, bias=False)
+    return model.to(dtype)
+
+
+def _forward(model, x):
+    return model.lm_head(model.layers[0].mlp(x))
+
+
+@pytest.mark.parametrize("style", ["modelopt", "compressed-tensors"])
+def test_replace_linears_swaps_a_whole_model(tmp_path, style):
+    """A model's Linear modules swapped for FP4Linear from a checkpoint file with the real tensor names: the
+    quantized layers run the reference of the file's tensors (no copies), the lm_head the file does not quantize
+    stays an nn.Linear with its own weights, and the model's output is the chain of those layers."""
+    model = _tiny_model()
+    tensors = {}
+    for name in ("layers.0.mlp.0", "layers.0.mlp.2"):
+        linear = model.get_submodule(name)
+        q, s, g = quantize_nvfp4(linear.weight.float())
+        if style == "modelopt":
+            tensors.update({f"{name}.weight": q, f"{name}.weight_scale": s, f"{name}.weight_scale_2": g,
+                            f"{name}.input_scale": torch.tensor(0.01)})
+        else:
+            tensors.update({f"{name}.weight_packed": q, f"{name}.weight_scale": s,
+                            f"{name}.weight_global_scale": (1.0 / g).reshape(1)})
+        if linear.bias is not None:
+            tensors[f"{name}.bias"] = linear.bias.detach().clone()
+    sd = _roundtrip(tmp_path, tensors)
+    x = torch.randn(3, 128).to(torch.bfloat16)
+    head = model.lm_head.weight
+    assert replace_linears(model, sd) == ["layers.0.mlp.0", "layers.0.mlp.2"]
+    first, second = model.layers[0].mlp[0], model.layers[0].mlp[2]
+    assert type(model.lm_head) is torch.nn.Linear and model.lm_head.weight is head
+    packed = "weight" if style == "modelopt" else "weight_packed"
+    for layer, name in ((first, "layers.0.mlp.0"), (second, "layers.0.mlp.2")):
+        assert isinstance(layer, FP4Linear) and layer.weight.data_ptr() == sd[f"{name}.{packed}"].data_ptr()
+    assert first.bias is not None and second.bias is None
+    h = torch.relu(linear_reference(x, first.weight, first.weight_scale, "nvfp4", first.global_scale, first.bias))
+    want = torch.nn.functional.linear(
+        linear_reference(h, second.weight, second.weight_scale, "nvfp4", second.global_scale), head)
+    assert torch.equal(_forward(model, x), want)
+    assert replace_linears(model, sd) == []  # nothing left to swap
+
+
+def test_replace_linears_refuses_a_mismatched_layer(tmp_path):
+    model = _tiny_model()
+    q, s, g = quantize_nvfp4(torch.randn(192, 256))  # a 256 -> 192 layer where the model has 128 -> 192
+    sd = _roundtrip(tmp_path, {"layers.0.mlp.0.weight": q, "layers.0.mlp.0.weight_scale": s,
+                               "layers.0.mlp.0.weight_scale_2": g})
+    with pytest.raises(ValueError, match=r"^layers\.0\.mlp\.0: the checkpoint's layer is 256 -> 192 features, the "
+                                         r"model's Linear 128 -> 192"):
+        replace_linears(model, sd)
+    assert type(model.layers[0].mlp[0]) is torch.nn.Linear
+    with pytest.raises(ValueError, match=r"^layers\.0\.mlp\.0\.weight_scale: not in the state dict"):
+        replace_linears(_tiny_model(), {"layers.0.mlp.0.weight": q, "layers.0.mlp.0.weight_scale_2": g})
+    with pytest.raises(ValueError, match=r"^model: is itself an nn\.Linear"):
+        replace_linears(torch.nn.Linear(256, 192), {"weight": q, "weight_scale": s, "weight_scale_2": g})
 
 
 @pytest.mark.gpu

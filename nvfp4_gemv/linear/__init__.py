@@ -7,12 +7,17 @@
 
 Modules: `formats` (the two formats as data), `validate` (metadata checks), `reference` (fp32 dequantize and
 linear), `op` (the torch op and the eager path), `module` (FP4Linear), `quantize`, `loaders` (ModelOpt,
-compressed-tensors, gpt-oss), and on CUDA `kernels` (the fp4 kernel's config and launch) and `prefill` (from 128
-tokens: W dequantized in chunks, then cuBLAS). The CUDA kernels load on the first CUDA call; importing this package
-imports no CuTe DSL.
+compressed-tensors, gpt-oss; `replace_linears` for a whole model), and on CUDA `kernels` (the fp4 kernel's config
+and launch) and `prefill` (from 128 tokens: W dequantized in chunks, then cuBLAS). The CUDA kernels load on the first
+CUDA call; importing this package imports no CuTe DSL.
 """
 
-from nvfp4_gemv.linear.loaders import load_compressed_tensors_nvfp4, load_gpt_oss_experts, load_modelopt_nvfp4
+from nvfp4_gemv.linear.loaders import (
+    load_compressed_tensors_nvfp4,
+    load_gpt_oss_experts,
+    load_modelopt_nvfp4,
+    replace_linears,
+)
 from nvfp4_gemv.linear.module import FP4Linear
 from nvfp4_gemv.linear.op import fp4_linear
 from nvfp4_gemv.linear.quantize import quantize_mxfp4, quantize_nvfp4
@@ -29,5 +34,6 @@ __all__ = [
     "load_modelopt_nvfp4",
     "quantize_mxfp4",
     "quantize_nvfp4",
+    "replace_linears",
     "validate_linear",
 ]

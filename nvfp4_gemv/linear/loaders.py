@@ -2,7 +2,8 @@
 
 Three layouts (../DECODE.md has them in full): ModelOpt NVFP4 (`weight`, `weight_scale`, `weight_scale_2`), the
 compressed-tensors NVFP4 (`weight_packed`, `weight_scale`, `weight_global_scale` stored as the reciprocal) and the
-gpt-oss MXFP4 experts (`*_blocks` [E, rows, K/32, 16], `*_scales` [E, rows, K/32]). The weight and scale tensors
+gpt-oss MXFP4 experts (`*_blocks` [E, rows, K/32, 16], `*_scales` [E, rows, K/32]); `replace_linears` swaps a
+whole model's nn.Linear modules for the first two. The weight and scale tensors
 of the state dict become the modules' buffers as they are (views, never copies), so they must already sit where
 the modules will run. Tensor scales are checked for NaN and infinity here, once (compressed-tensors' stored
 reciprocal as well, and for zero), and an error names the state dict's key (and the expert, for gpt-oss).
@@ -14,10 +15,12 @@ import math
 from collections.abc import Mapping
 
 import torch
+from torch import nn
 
+from nvfp4_gemv.linear.formats import ACTIVATION_DTYPES
 from nvfp4_gemv.linear.module import FP4Linear
 
-__all__ = ["load_compressed_tensors_nvfp4", "load_gpt_oss_experts", "load_modelopt_nvfp4"]
+__all__ = ["load_compressed_tensors_nvfp4", "load_gpt_oss_experts", "load_modelopt_nvfp4", "replace_linears"]
 
 
 def _get(state_dict: Mapping, name: str) -> torch.Tensor:
@@ -114,3 +117,36 @@ def load_gpt_oss_experts(state_dict: Mapping, prefix: str, proj: str,
                 dtype)
         for e in range(experts)
     ]  # fmt: skip
+
+
+def replace_linears(model: nn.Module, state_dict: Mapping, dtype: torch.dtype | None = None) -> list[str]:
+    """Swap every nn.Linear of `model` whose layer `state_dict` holds as NVFP4 for an FP4Linear over the state dict's
+    tensors (no copies), in place; return the swapped modules' names. A layer `name` is ModelOpt's where
+    `{name}.weight_scale_2` is present (load_modelopt_nvfp4), compressed-tensors' where `{name}.weight_packed` is
+    (load_compressed_tensors_nvfp4); other Linear modules (an unquantized lm_head, say) stay as they are, and their
+    weights are not loaded here. The bias is the state dict's `{name}.bias`, if any. `dtype`: the activations' dtype,
+    by default the Linear's own where that is bf16 or fp16, else bf16. The new modules live where the state dict's
+    tensors do (load it onto the GPU to run there). A checkpoint layer whose (in, out) features differ from its
+    Linear's raises ValueError naming both."""
+    swapped = []
+    for name, linear in list(model.named_modules()):
+        if not isinstance(linear, nn.Linear):
+            continue
+        if _prefixed(name, "weight_scale_2") in state_dict:
+            load = load_modelopt_nvfp4
+        elif _prefixed(name, "weight_packed") in state_dict:
+            load = load_compressed_tensors_nvfp4
+        else:
+            continue
+        if not name:
+            raise ValueError("model: is itself an nn.Linear, which cannot be swapped in place; build its FP4Linear "
+                             "with load_modelopt_nvfp4 or load_compressed_tensors_nvfp4 (prefix '')")
+        act = dtype or (linear.weight.dtype if linear.weight.dtype in ACTIVATION_DTYPES else torch.bfloat16)
+        layer = load(state_dict, name, act)
+        if (layer.in_features, layer.out_features) != (linear.in_features, linear.out_features):
+            raise ValueError(f"{name}: the checkpoint's layer is {layer.in_features} -> {layer.out_features} "
+                             f"features, the model's Linear {linear.in_features} -> {linear.out_features}")
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, layer)
+        swapped.append(name)
+    return swapped
