@@ -17,8 +17,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from nvfp4_gemv.linear.formats import ACTIVATION_DTYPES
-from nvfp4_gemv.linear.module import FP4Linear
+from nvfp4_gemv.linear.module import FP4Linear, activation_dtype_of
 
 __all__ = ["load_compressed_tensors_nvfp4", "load_gpt_oss_experts", "load_modelopt_nvfp4", "replace_linears"]
 
@@ -141,8 +140,7 @@ def replace_linears(model: nn.Module, state_dict: Mapping, dtype: torch.dtype | 
         if not name:
             raise ValueError("model: is itself an nn.Linear, which cannot be swapped in place; build its FP4Linear "
                              "with load_modelopt_nvfp4 or load_compressed_tensors_nvfp4 (prefix '')")
-        act = dtype or (linear.weight.dtype if linear.weight.dtype in ACTIVATION_DTYPES else torch.bfloat16)
-        layer = load(state_dict, name, act)
+        layer = load(state_dict, name, dtype or activation_dtype_of(linear))
         if (layer.in_features, layer.out_features) != (linear.in_features, linear.out_features):
             raise ValueError(f"{name}: the checkpoint's layer is {layer.in_features} -> {layer.out_features} "
                              f"features, the model's Linear {linear.in_features} -> {linear.out_features}")

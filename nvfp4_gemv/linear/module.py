@@ -52,6 +52,12 @@ def _checked(weight, weight_scale, fmt, scale_layout, global_scale, bias, dtype)
     return n, k
 
 
+def activation_dtype_of(linear: nn.Linear) -> torch.dtype:
+    """The activations' dtype an FP4Linear in place of `linear` takes by default: the Linear's own where that is bf16
+    or fp16, else bf16."""
+    return linear.weight.dtype if linear.weight.dtype in ACTIVATION_DTYPES else torch.bfloat16
+
+
 class FP4Linear(nn.Module):
     """y = x · dequant(weight)ᵀ + bias for x (..., in_features) bf16/fp16. A new module holds zero weights; fill it
     with `from_quantized`, `from_linear` or the loaders (nvfp4_gemv.linear.loaders)."""
@@ -102,7 +108,7 @@ class FP4Linear(nn.Module):
         """Quantize an nn.Linear (quantize.py); the bias is cast to `dtype`, the activations' dtype, by default the
         linear's own where that is bf16/fp16, else bf16."""
         if dtype is None:
-            dtype = linear.weight.dtype if linear.weight.dtype in ACTIVATION_DTYPES else torch.bfloat16
+            dtype = activation_dtype_of(linear)
         if format_of(fmt).has_global:
             weight, weight_scale, global_scale = quantize_nvfp4(linear.weight, scale_layout)
         else:
