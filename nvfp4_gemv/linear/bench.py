@@ -213,8 +213,6 @@ def _drawn_with(**attrs):
 
 
 def _mx_fold_ab(shapes, tokens, scales, rounds, csv_path, log, x_dtype):
-    from nvfp4_gemv.linear import kernels
-
     dtype = TORCH_DTYPES[x_dtype]
     rows = []
     for n, k, m, cfg, read in _fold_points(shapes, tokens, x_dtype):
@@ -226,10 +224,18 @@ def _mx_fold_ab(shapes, tokens, scales, rounds, csv_path, log, x_dtype):
                                     read_us=round(read, 3), general_us=round(times["general"], 3),
                                     fold_us=round(times["fold"], 3),
                                     fold_over_general=round(times["fold"] / times["general"], 4),
-                                    config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1]))
+                                    config=_mx_config(m, n, k, dtype)))
     if csv_path:
         write_csv(rows, csv_path)
     return rows
+
+
+def _mx_config(m: int, n: int, k: int, dtype) -> str:
+    """The dispatched MXFP4 config of (M, N, K) with x in `dtype`, as an A/B row names it (describe's words past the
+    MMA)."""
+    from nvfp4_gemv.linear import kernels
+
+    return kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1]
 
 
 def _fold_points(shapes, tokens, x_dtype: str):
@@ -252,8 +258,6 @@ def mx_fold_designs_ab(shapes=SHAPES, tokens=(1, 4, 16), rounds=2, csv_path=None
     takes the scale fold: the general path, the fold with a vote a step, and the fold over the whole K with a redo
     (mx_fold_redo), each at the dispatched split and cap, alternately `rounds` times, the best of each; with the read
     of the same bytes: the data behind `kernels.mx_fold_redo_for`."""
-    from nvfp4_gemv.linear import kernels
-
     rows = []
     for x_dtype, dtype in TORCH_DTYPES.items():
         for n, k, m, cfg, read in _fold_points(shapes, tokens, x_dtype):
@@ -265,7 +269,7 @@ def mx_fold_designs_ab(shapes=SHAPES, tokens=(1, 4, 16), rounds=2, csv_path=None
                                     **{f"{name}_us": round(t, 3) for name, t in times.items()},
                                     redo_over_vote=round(times["redo"] / times["vote"], 4),
                                     redo_over_general=round(times["redo"] / times["general"], 4),
-                                    config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1]))
+                                    config=_mx_config(m, n, k, dtype)))
     if csv_path:
         write_csv(rows, csv_path)
     return rows
@@ -280,8 +284,6 @@ def zero_blocks_ab(shapes=SHAPES, tokens=(1, 4, 16), shares=(0.0, 0.001, 0.01), 
     mx_fold_zero_blocks), the same without it ("redo" or "vote": a zero block sends the warp's K, or the rest of it,
     to the general path) and the general path, alternately `rounds` times, the best of each; with the read of the
     same bytes."""
-    from nvfp4_gemv.linear import kernels
-
     dtype = TORCH_DTYPES[x_dtype]
     plain = "redo" if x_dtype == "bf16" else "vote"
     rows = []
@@ -295,7 +297,7 @@ def zero_blocks_ab(shapes=SHAPES, tokens=(1, 4, 16), shares=(0.0, 0.001, 0.01), 
                                     **{f"{name}_us": round(t, 3) for name, t in times.items()},
                                     **{f"checked_over_{plain}": round(times["checked"] / times[plain], 4)},
                                     checked_over_general=round(times["checked"] / times["general"], 4),
-                                    config=kernels.describe(m, n, k, "mxfp4", dtype).split("MMA, ")[-1]))
+                                    config=_mx_config(m, n, k, dtype)))
     if csv_path:
         write_csv(rows, csv_path)
     return rows
@@ -347,7 +349,7 @@ def mx_fold_cap_ab(points=MX_FOLD_CAP_POINTS, rounds=2, csv_path=None, log=print
                     times[name] = min(times[name], _time(lambda: ours(n, k, m, "mxfp4", torch.float16, **ov)))
         row = dict(n=n, k=k, m=m, read_us=round(read, 3), **{f"{a}_us": round(b, 3) for a, b in times.items()},
                    capped_over_uncapped=round(times["capped"] / times["uncapped"], 4),
-                   config=kernels.describe(m, n, k, "mxfp4", torch.float16).split("MMA, ")[-1])
+                   config=_mx_config(m, n, k, torch.float16))
         _logged(rows, log, row)
     if csv_path:
         write_csv(rows, csv_path)
