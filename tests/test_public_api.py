@@ -48,6 +48,7 @@ def test_readme_linear_example_on_the_cpu():
     scope = {}
     exec(code, scope)
     assert scope["y"].shape == (2, 4096) and scope["layer"].path(2) == "reference (cpu)"
+    assert scope["layer"].global_scale.shape == ()  # what the GPU test below runs through the kernel
 
 
 @pytest.mark.gpu
@@ -59,7 +60,7 @@ def test_readme_linear_example_on_the_gpu():
     scope = {}
     exec(_readme_linear_example(), scope)
     y, layer, x = scope["y"], scope["layer"], scope["x"]
-    assert y.is_cuda and y.shape == (2, 4096)
+    assert y.is_cuda and y.shape == (2, 4096) and layer.global_scale.shape == ()  # the 0-dim scale, on the kernel
     from nvfp4_gemv.linear import fp4_linear
 
     q, sf, gs = scope["q"], scope["sf"], scope["gs"]
