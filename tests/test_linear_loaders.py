@@ -188,16 +188,16 @@ def _forward(model, x):
     return model.lm_head(model.layers[0].mlp(x))
 
 
-@pytest.mark.parametrize("style", ["modelopt", "compressed-tensors"])
-def test_replace_linears_swaps_a_whole_model(tmp_path, style):
-    """A model's Linear modules swapped for FP4Linear from a checkpoint file with the real tensor names: the
-    quantized layers run the reference of the file's tensors (no copies), the lm_head the file does not quantize
-    stays an nn.Linear with its own weights, and the model's output is the chain of those layers."""
-    model = _tiny_model()
+QUANTIZED = ("layers.0.mlp.0", "layers.0.mlp.2")  # the _tiny_model layers a checkpoint of it quantizes
+
+
+def _checkpoint_of(model, style: str) -> dict:
+    """The NVFP4 tensors of the QUANTIZED layers of `model` under a ModelOpt or compressed-tensors checkpoint's names
+    (ModelOpt's 0-dim `weight_scale_2` and its unused `input_scale`; compressed-tensors' one-element reciprocal)."""
     tensors = {}
-    for name in ("layers.0.mlp.0", "layers.0.mlp.2"):
+    for name in QUANTIZED:
         linear = model.get_submodule(name)
-        q, s, g = quantize_nvfp4(linear.weight.float())
+        q, s, g = quantize_nvfp4(linear.weight.detach().float().cpu())
         if style == "modelopt":
             tensors.update({f"{name}.weight": q, f"{name}.weight_scale": s, f"{name}.weight_scale_2": g,
                             f"{name}.input_scale": torch.tensor(0.01)})
@@ -205,15 +205,24 @@ def test_replace_linears_swaps_a_whole_model(tmp_path, style):
             tensors.update({f"{name}.weight_packed": q, f"{name}.weight_scale": s,
                             f"{name}.weight_global_scale": (1.0 / g).reshape(1)})
         if linear.bias is not None:
-            tensors[f"{name}.bias"] = linear.bias.detach().clone()
-    sd = _roundtrip(tmp_path, tensors)
+            tensors[f"{name}.bias"] = linear.bias.detach().cpu().clone()
+    return tensors
+
+
+@pytest.mark.parametrize("style", ["modelopt", "compressed-tensors"])
+def test_replace_linears_swaps_a_whole_model(tmp_path, style):
+    """A model's Linear modules swapped for FP4Linear from a checkpoint file with the real tensor names: the
+    quantized layers run the reference of the file's tensors (no copies), the lm_head the file does not quantize
+    stays an nn.Linear with its own weights, and the model's output is the chain of those layers."""
+    model = _tiny_model()
+    sd = _roundtrip(tmp_path, _checkpoint_of(model, style))
     x = torch.randn(3, 128).to(torch.bfloat16)
     head = model.lm_head.weight
-    assert replace_linears(model, sd) == ["layers.0.mlp.0", "layers.0.mlp.2"]
+    assert replace_linears(model, sd) == list(QUANTIZED)
     first, second = model.layers[0].mlp[0], model.layers[0].mlp[2]
     assert type(model.lm_head) is torch.nn.Linear and model.lm_head.weight is head
     packed = "weight" if style == "modelopt" else "weight_packed"
-    for layer, name in ((first, "layers.0.mlp.0"), (second, "layers.0.mlp.2")):
+    for layer, name in zip((first, second), QUANTIZED):
         assert isinstance(layer, FP4Linear) and layer.weight.data_ptr() == sd[f"{name}.{packed}"].data_ptr()
     assert first.bias is not None and second.bias is None
     h = torch.relu(linear_reference(x, first.weight, first.weight_scale, "nvfp4", first.global_scale, first.bias))
@@ -266,3 +275,39 @@ def test_loaders_on_the_gpu(tmp_path, m):
         y = layer(x)
         assert y.shape == (m, n) and torch.equal(y, layer(x))
         _assert_kernel_close(y, module_args(layer, x))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("style", ["modelopt", "compressed-tensors"])
+@pytest.mark.parametrize("m", [1, 7, 16, 130])
+def test_replace_linears_on_the_gpu(tmp_path, style, m):
+    """A model on the GPU swapped from a checkpoint file loaded with `device="cuda"`: each swapped layer holds the
+    file's tensors and runs the kernels (checked against the reference of those tensors), the model's output is
+    the chain of its layers, the same on a second call, and the same in a CUDA graph."""
+    from test_linear_op import _assert_kernel_close, module_args
+
+    model = _tiny_model().cuda()
+    path = tmp_path / "model.safetensors"
+    safetensors_torch.save_file(_checkpoint_of(model, style), str(path))
+    sd = safetensors_torch.load_file(str(path), device="cuda")
+    assert replace_linears(model, sd) == list(QUANTIZED)
+    packed = "weight" if style == "modelopt" else "weight_packed"
+    x = torch.randn(m, 128, device="cuda").to(torch.bfloat16)
+    h = x
+    for name in QUANTIZED:
+        layer = model.get_submodule(name)
+        assert isinstance(layer, FP4Linear) and layer.weight.data_ptr() == sd[f"{name}.{packed}"].data_ptr()
+        y = layer(h)
+        _assert_kernel_close(y, module_args(layer, h))
+        h = torch.relu(y) if name == QUANTIZED[0] else y
+    y = _forward(model, x)
+    assert torch.equal(y, model.lm_head(h)) and torch.equal(_forward(model, x), y)
+    static_x = x.clone()
+    _forward(model, static_x)  # warm-up on the capturing thread's stream, as CUDA graphs ask
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = _forward(model, static_x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_y, y)
