@@ -783,3 +783,22 @@ def test_gpu_with_grad(fmt, scale_layout):
     assert torch.allclose(dx.float(), rx.float(), rtol=2**-7, atol=1e-4) and torch.equal(db, rb)
     with torch.no_grad():  # grad mode off: the eager path, no autograd
         assert not fp4_linear(**{**a, "x": x}).requires_grad
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+@pytest.mark.parametrize("m", [1, 16, 160], ids=["fp4 kernel", "16 tokens", "dequantize + GEMM"])
+def test_gpu_second_device_while_the_first_is_current(m):
+    """A layer on cuda:1 called while cuda:0 is current, as a model split over GPUs (`device_map="auto"`) calls it:
+    the result lands on cuda:1, equals the same call made with cuda:1 current, and the current device is left as it
+    was. (The launch binds torch's current stream of x's device; the DSL's TVM-FFI wrapper switches the device
+    for the kernel and back.)"""
+    a = {key: v.to("cuda:1") if isinstance(v, torch.Tensor) else v
+         for key, v in operands(lead=(m,), n=300, k=512)[0].items()}
+    torch.cuda.set_device(0)
+    y = fp4_linear(**a)
+    assert y.device == torch.device("cuda:1") and torch.cuda.current_device() == 0
+    with torch.cuda.device(1):
+        want = fp4_linear(**a)
+    assert torch.equal(y, want)
+    _assert_kernel_close(y, a)
