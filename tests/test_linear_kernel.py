@@ -1413,3 +1413,42 @@ def test_prepared_x_workspace_per_stream_and_thread(prepared, tokens):
         assert torch.equal(y.view(torch.int16), ref.view(torch.int16))
     y = fp4_linear(xs[0], w, scale, "mxfp4")  # the default path for this small weight: a cross-check
     _check(y, xs[0], w, plain, "mxfp4")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("m,override", [(1, {}), (2, {}), (4, {}), (8, {}), (16, {}), (40, {}), (160, {}),
+                                        (3, dict(x_fragments=True)), (2, dict(block_columns=True)),
+                                        (1, dict(mx_fold=True)), (5, dict(mx_fold=True)), (1, dict(mx_fold=False)),
+                                        (4, dict(k_parts=2, k_splits=2))], ids=str)
+def test_nan_scales(fmt, layout, dtype, m, override):
+    """Scale bytes that are NaN (e4m3 0x7F and 0xFF; e8m0 0xFF), a few blocks of a few rows, on every path the
+    dispatch takes from 1 to 160 tokens and on the fold, block-column, fragment and cluster kernels: NaN in exactly
+    the reference's outputs (every token of those rows, whatever the codes and x), and the other rows within the
+    tolerance. A NaN scale must never come out as a finite number or an infinity."""
+    if "mx_fold" in override and fmt != "mxfp4":
+        pytest.skip("the scale fold is MXFP4's")
+    n, k = 300, 2880
+    w, scale, plain = _operands(n, k, fmt, layout, seed=3)
+    nan_rows = [0, 17, 130, 299]
+    for i, row in enumerate(nan_rows):
+        plain[row].view(torch.uint8)[(7 * i + 3) % plain.shape[1]] = 0xFF if fmt == "mxfp4" or i % 2 else 0x7F
+    if layout == "swizzled":
+        from test_linear_reference import swizzle
+
+        scale = swizzle(plain)
+    else:
+        scale = plain
+    gs = torch.tensor([0.37], device="cuda") if fmt == "nvfp4" else None
+    x = torch.randn(m, k).to(dtype).cuda()
+    x[:, :64] = 0  # 0 · NaN is NaN too
+    y = _run(x, w.cuda(), scale.cuda(), fmt, layout, gs, **override)
+    wd = dequantize(w, plain, fmt, "plain", None if gs is None else gs.cpu()).cuda()
+    ref = x.float() @ wd.T
+    want_nan = torch.zeros(n, dtype=torch.bool)
+    want_nan[nan_rows] = True
+    assert torch.equal(ref.isnan().any(0).cpu(), want_nan) and ref[:, nan_rows].isnan().all()
+    assert torch.equal(y.isnan(), ref.isnan())
+    keep = ~want_nan.cuda()
+    _check(y[:, keep], x, w.cuda()[keep.cpu()], plain[keep.cpu()], fmt, gs)
