@@ -1452,3 +1452,29 @@ def test_nan_scales(fmt, layout, dtype, m, override):
     assert torch.equal(y.isnan(), ref.isnan())
     keep = ~want_nan.cuda()
     _check(y[:, keep], x, w.cuda()[keep.cpu()], plain[keep.cpu()], fmt, gs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m,override", [(1, {}), (4, {}), (16, {}), (1, dict(mx_fold=False)), (5, dict(mx_fold=True)),
+                                        (2, dict(block_columns=True)), (3, dict(x_fragments=True))], ids=str)
+def test_mxfp4_every_scale_byte(m, override):
+    """Every e8m0 scale byte at which every code's value is a finite fp32: 0 (2^-127, subnormal in bf16) to 252
+    (2^125; from 253 on, code 6 times the scale passes fp32's range and the reference has inf). Row r's blocks hold
+    bytes of one narrow window that moves with r, so each row's sums sit at one scale level and are checked at that
+    level's precision (elementwise: fp32 accumulation error plus one rounding to bf16, with a floor far below fp32's
+    normal range, where products of the smallest scales are fp32 subnormals). x is small enough that the 2^125 rows'
+    sums stay finite."""
+    n, k = 300, 2880
+    g = torch.Generator().manual_seed(21)
+    w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    base = (torch.arange(n) * 17) % 250
+    sf = (base[:, None] + torch.randint(0, 4, (n, k // 32), generator=g)).to(torch.uint8)
+    assert set(sf.unique().tolist()) == set(range(253))
+    x = (torch.randn(m, k, generator=g) * 2.0**-12).to(torch.bfloat16)
+    y = _run(x.cuda(), w.cuda(), sf.cuda(), "mxfp4", "plain", **override).cpu().double()
+    wd = dequantize(w, sf, "mxfp4").double()
+    ref = x.double() @ wd.T
+    assert ref.isfinite().all()
+    magnitude = x.double().abs() @ wd.abs().T
+    assert ((y - ref).abs() <= 1e-5 * magnitude + 2.0**-7 * ref.abs() + 1e-35).all()
+    assert (y != 0).float().mean() > 0.9  # the rows are not all lost to underflow
