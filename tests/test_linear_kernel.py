@@ -1423,15 +1423,19 @@ def test_prepared_x_workspace_per_stream_and_thread(prepared, tokens):
                                         (1, dict(mx_fold=True)), (5, dict(mx_fold=True)), (1, dict(mx_fold=False)),
                                         (4, dict(k_parts=2, k_splits=2))], ids=str)
 def test_nan_scales(fmt, layout, dtype, m, override):
-    """Scale bytes that are NaN (e4m3 0x7F and 0xFF; e8m0 0xFF), a few blocks of a few rows, on every path the
-    dispatch takes from 1 to 160 tokens and on the fold, block-column, fragment and cluster kernels: NaN in exactly
-    the reference's outputs (every token of those rows, whatever the codes and x), and the other rows within the
-    tolerance. A NaN scale must never come out as a finite number or an infinity."""
+    """Scale bytes that are NaN (e4m3 0x7F and 0xFF; e8m0 0xFF), a few blocks of a few rows, with a third of
+    NVFP4's other scales negative, on every path the dispatch takes from 1 to 160 tokens and on the fold,
+    block-column, fragment and cluster kernels: NaN in exactly the reference's outputs (every token of those rows,
+    whatever the codes and x), and the other rows within the tolerance. A NaN scale must never come out as a finite
+    number or an infinity."""
     if "mx_fold" in override and fmt != "mxfp4":
         pytest.skip("the scale fold is MXFP4's")
     n, k = 300, 2880
     w, scale, plain = _operands(n, k, fmt, layout, seed=3)
     nan_rows = [0, 17, 130, 299]
+    if fmt == "nvfp4":  # and negative e4m3 scales (the sign bit set) on a third of the other blocks
+        negative = torch.rand(plain.shape, generator=torch.Generator().manual_seed(3)) < 0.33
+        plain.view(torch.uint8)[negative] |= 0x80
     for i, row in enumerate(nan_rows):
         plain[row].view(torch.uint8)[(7 * i + 3) % plain.shape[1]] = 0xFF if fmt == "mxfp4" or i % 2 else 0x7F
     if layout == "swizzled":
