@@ -6,7 +6,9 @@ MMA's B operand with a PRMT a register, and its bf16 decode takes three integer 
 - x is prepared once a call by a small kernel (`prep_kernel`): each token as f16 times a power of two 2^-e (so a
   bf16 x of any range fits f16's, exactly: 8 significant bits in 11, for every element within 2^22 of the token's
   largest), already in the order of the MMA's B registers, so the main loop loads its B operands as they are.
-  fp16 x is only reordered (e = 0). The factor 2^e of each token multiplies its outputs at the end.
+  fp16 x is only reordered (e = 0). The factor 2^e of each token multiplies its outputs at the end (NVFP4), or
+  (MXFP4) its block scales, exactly, so that the sums are at the output's own scale: at MXFP4's largest scales (to
+  2^125) a sum of x brought up near f16's top would pass fp32's range where the output does not.
 - W is decoded to f16 (e4m3 bytes of code · 2^-6, converted two at a time in hardware): 11 instructions a word of 8
   codes, against 13 for bf16 and 4 more for the block scale.
 - The block scale goes after the MMA. Lane t of a row group holds 32 consecutive K elements a step, two NVFP4 blocks
@@ -216,9 +218,10 @@ class LinearW4A16Columns(LinearW4A16):
                 rX.fill(0)
 
     @cute.jit
-    def compute_cols(self, rW, rS, rX, acc):
+    def compute_cols(self, rW, rS, rX, acc, tok_factor):
         """The step's MMAs into per-step partial sums (NVFP4: one set a block of the lane, MXFP4: one), then each
-        column times its block scale into the row sums."""
+        column times its block scale into the row sums; MXFP4 with bf16 x: each scale first times `tok_factor`,
+        the power of two of the token this lane's columns hold."""
         cfg = self.cfg
         sets = 2 if cfg.fmt == "nvfp4" else 1
         for g in cutlass.range_constexpr(cfg.groups):
@@ -241,8 +244,11 @@ class LinearW4A16Columns(LinearW4A16):
                     v = v + d[0][2 * h + 1] * s10
                     v = v + d[1][2 * h + 1] * s11
                 else:
-                    v = v + d[0][2 * h] * e8m0_to_f32(bits & Uint32(0xFF))
-                    v = v + d[0][2 * h + 1] * e8m0_to_f32(bits >> 8)
+                    s0, s1 = e8m0_to_f32(bits & Uint32(0xFF)), e8m0_to_f32(bits >> 8)
+                    if const_expr(cfg.x_dtype == "bf16"):
+                        s0, s1 = s0 * tok_factor, s1 * tok_factor
+                    v = v + d[0][2 * h] * s0
+                    v = v + d[0][2 * h + 1] * s1
                 acc[h, g] = v
 
     @cute.kernel
@@ -273,10 +279,13 @@ class LinearW4A16Columns(LinearW4A16):
         if my_steps > 0:
             self.load_w(rW, rS, w_words, sf, kq, rows, c, True, True)
         cute.arch.griddepcontrol_wait()  # the prepared x of this call's x pass
+        tok_factor = Float32(1.0)
+        if const_expr(self.folds_token_factor()):
+            tok_factor = fx[cutlass.min(bidy * 2 + c // 2, m - 1)]  # the token of this lane's columns
         for st in cutlass.range(my_steps, unroll=cfg.unroll):
             s = kq + st * k_lanes
             self.load_x(rX, xp, s, tok_x, holds_x, c, True)
-            self.compute_cols(rW, rS, rX, acc)
+            self.compute_cols(rW, rS, rX, acc, tok_factor)
             if st + 1 < my_steps:
                 self.load_w(rW, rS, w_words, sf, s + k_lanes, rows, c, True, True)
         if k % STEP_K != 0:
@@ -285,9 +294,13 @@ class LinearW4A16Columns(LinearW4A16):
                 live = s_last * STEP_K + 32 * c < k
                 self.load_w(rW, rS, w_words, sf, s_last, rows, c, live, s_last * STEP_K + 64 * (c % 2) < k)
                 self.load_x(rX, xp, s_last, tok_x, holds_x, c, live)
-                self.compute_cols(rW, rS, rX, acc)
+                self.compute_cols(rW, rS, rX, acc, tok_factor)
 
         self.sum_and_store(acc, red, cta_sums, lane, warp, wr, wk, split, (fx, mGS, row0, r, c, bidy, mY, mBias, m, n))
+
+    def folds_token_factor(self) -> bool:
+        """Whether the token's factor multiplies the block scales (MXFP4 with bf16 x) rather than the output."""
+        return self.cfg.fmt == "mxfp4" and self.cfg.x_dtype == "bf16"
 
     def sums_per_thread(self) -> int:
         return 2 * self.cfg.groups  # rows r and r + 8 of each group, one token
@@ -306,9 +319,12 @@ class LinearW4A16Columns(LinearW4A16):
 
     @cute.jit
     def store_column(self, v, factor, row, tok, c, fx, mY, mBias, m, n):
-        """y[tok, row] from the even lane of the pair: the sum times `factor` and the token's factor, plus the bias."""
+        """y[tok, row] from the even lane of the pair: the sum times `factor` and the token's factor (unless the
+        scales held it), plus the bias."""
         if c % 2 == 0 and row < n and tok < m:
-            y = v * factor * fx[tok]
+            y = v * factor
+            if const_expr(not self.folds_token_factor()):
+                y = y * fx[tok]
             if const_expr(self.cfg.bias):
                 y = y + mBias[row].to(Float32)
             mY[tok, row] = y.to(mY.element_type)
