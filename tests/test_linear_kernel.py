@@ -702,29 +702,27 @@ def test_mx_fold_rule(monkeypatch):
 
 
 def test_block_columns_rule():
-    """block_columns_for: MXFP4 at 1-2 tokens on weights of COLUMNS_MIN_WEIGHT_BYTES and more whose columns split is
-    one-group CTAs; never NVFP4, 3+ tokens, smaller weights, or a sweep's named config."""
-    big = (8192, 6144)  # 24 MB of codes, the threshold with bf16 x
-    assert kernels.COLUMNS_MIN_WEIGHT_BYTES["bf16"] == big[0] * big[1] // 2
+    """block_columns_for: MXFP4 with fp16 x at 1-2 tokens on weights of COLUMNS_MIN_WEIGHT_BYTES and more whose
+    columns split is one-group CTAs; never bf16 x (its whole-K scale fold is faster), NVFP4, 3+ tokens, smaller
+    weights, or a sweep's named config."""
+    big = (5120, 8192)  # 20 MB of codes, the threshold with fp16 x
+    assert kernels.COLUMNS_MIN_WEIGHT_BYTES == {"fp16": big[0] * big[1] // 2}
     for m in (1, 2):
-        cfg = kernels.config_for(m, *big, "mxfp4", "plain", "bf16", False, False)
+        cfg = kernels.config_for(m, *big, "mxfp4", "plain", "fp16", False, False)
         assert cfg.block_columns and cfg.groups == 1 and cfg.k_parts == 1 and cfg.mma_dtype == "fp16"
         assert cfg.tokens_per_cta == 2 and cfg.output_factor() == 2.0**6
-        assert "block columns" in kernels.describe(m, *big, "mxfp4", torch.bfloat16)
-    assert kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "fp16", True, False).block_columns
-    assert not kernels.config_for(3, *big, "mxfp4", "plain", "bf16", False, False).block_columns
-    assert not kernels.config_for(1, *big, "nvfp4", "plain", "bf16", False, False).block_columns
-    assert not kernels.config_for(1, 8192 - 128, 6144, "mxfp4", "plain", "bf16", False, False).block_columns
-    # fp16 x: from 20 MB (below, the default kernel with the scale fold is faster)
-    assert kernels.COLUMNS_MIN_WEIGHT_BYTES["fp16"] == 5120 * 8192 // 2
-    for m in (1, 2):
-        assert kernels.config_for(m, 5120, 8192, "mxfp4", "plain", "fp16", False, False).block_columns
+        assert "block columns" in kernels.describe(m, *big, "mxfp4", torch.float16)
         assert not kernels.config_for(m, 4096, 8192, "mxfp4", "plain", "fp16", False, False).block_columns
+        for shape in (big, (8192, 28672), (16384, 16384)):  # the scale fold or the general path, as its rules say
+            assert not kernels.config_for(m, *shape, "mxfp4", "plain", "bf16", False, False).block_columns
+    assert kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "fp16", True, False).block_columns
+    assert not kernels.config_for(3, *big, "mxfp4", "plain", "fp16", False, False).block_columns
+    assert not kernels.config_for(1, *big, "nvfp4", "plain", "fp16", False, False).block_columns
     for xd in ("bf16", "fp16"):
         assert not kernels.config_for(1, 6144, 4096, "mxfp4", "plain", xd, False, False).block_columns
     assert not kernels.config_for(1, 2048, 768, "mxfp4", "plain", "fp16", False, False).block_columns
-    assert not kernels.block_columns_for(1, 12288, 4096, "mxfp4", 132)  # its columns split is two-group CTAs
-    assert not kernels.config_for(1, *big, "mxfp4", "plain", "bf16", False, False, k_warps=4).block_columns
+    assert not kernels.block_columns_for(1, 12288, 4096, "mxfp4", 132, "fp16")  # its columns split is two-group CTAs
+    assert not kernels.config_for(1, *big, "mxfp4", "plain", "fp16", False, False, k_warps=4).block_columns
     assert kernels.config_for(1, 64, 64, "nvfp4", "plain", "bf16", False, False, block_columns=True).block_columns
     with pytest.raises(ValueError, match="block_columns"):
         kernels.LinearW4A16Config(block_columns=True, k_parts=2)

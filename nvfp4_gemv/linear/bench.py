@@ -729,7 +729,7 @@ AB_RUNS = {
                  "read from, bf16 and fp16 x", held_out_ab),
     "columns_or_fold": ("MXFP4 at 1-2 tokens where block columns are dispatched, against the rules without them (the "
                         "scale fold, or the general path), bf16 and fp16 x, the bench shapes and 24 drawn ones",
-                        lambda **kw: rules_ab(dict(COLUMNS_MIN_WEIGHT_BYTES={"bf16": 1 << 62, "fp16": 1 << 62}),
+                        lambda **kw: rules_ab(dict(COLUMNS_MIN_WEIGHT_BYTES={"fp16": 1 << 62}),
                                               shapes=SHAPES + tuple(drawn_shapes(24, 1209)), tokens=(1, 2),
                                               formats=("mxfp4",), dtypes=(torch.bfloat16, torch.float16), **kw)),
     "one_group_fold": ("16-token CTAs of MXFP4's scale fold with x in fragment order: two groups (the rules before "

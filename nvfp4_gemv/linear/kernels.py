@@ -460,13 +460,19 @@ def acc_sets_for(groups: int, token_tiles: int, fmt: str, x_dtype: str) -> int:
 # against 8.00 us; 4096 x 7168, 4096 x 8192) and 0.99-1.26 x it from 20 MB (5120 x 8192 1.14, 8192 x 8192
 # 1.07-1.09, 28672 x 4096 1.26; docs/linear_h200_mx_fold_first.csv, docs/linear_h200_mx_fold_columns.csv): the cut is
 # the smallest loss.
-COLUMNS_MIN_WEIGHT_BYTES = {"bf16": 24 << 20, "fp16": 20 << 20}
+# With bf16 x, block columns were taken from 24 MB of codes until bf16's whole-K scale fold (mx_fold_redo_for) came;
+# against that fold they lost on both GPUs (`ab columns_or_fold`, 1-2 tokens, the bench shapes and 24 drawn ones, the
+# fold's time / block columns': on the H200 geomean 0.953 over 24 points, 0.876-1.061, the fold faster at 19;
+# docs/linear_h200_ab_columns_or_fold.csv; on an H100 0.926, faster at 22, docs/linear_h100_ab_columns_or_fold.csv).
+# So bf16 x takes no block columns; fp16 x (the same runs: 1.086 on the H200, 1.036 on the H100) keeps its cut.
+COLUMNS_MIN_WEIGHT_BYTES = {"fp16": 20 << 20}  # x dtype -> the least codes (N·K/2 bytes) of a block-columns call
 
 
 def block_columns_for(m: int, n: int, k: int, fmt: str, sms: int, x_dtype: str = "bf16") -> bool:
-    """Whether M tokens of N x K take the block-columns kernel: MXFP4, 1-2 tokens, at least
-    COLUMNS_MIN_WEIGHT_BYTES[x_dtype] of codes, and a split of one-group CTAs."""
-    if fmt != "mxfp4" or m > 2 or n * k // 2 < COLUMNS_MIN_WEIGHT_BYTES[x_dtype]:
+    """Whether M tokens of N x K take the block-columns kernel: MXFP4 with an x dtype COLUMNS_MIN_WEIGHT_BYTES
+    names (fp16), 1-2 tokens, at least that many bytes of codes, and a split of one-group CTAs."""
+    least = COLUMNS_MIN_WEIGHT_BYTES.get(x_dtype)
+    if fmt != "mxfp4" or m > 2 or least is None or n * k // 2 < least:
         return False
     return _split(m, n, k, sms, 1, 1, fmt + COLUMN_RULE)[2] == 1
 
