@@ -643,7 +643,7 @@ def test_mx_fold_rule(monkeypatch):
     model's (one group of one tile included: with two K parts or x in fragment order it takes 72-80 uncapped); with
     bf16 x the whole K then a redo where a scale does not fit (mx_fold_redo), from 6 MB of codes at 1-16 tokens, at
     the general path's own split and not under its register cap below MX_FOLD_MIN_CAP (with x in fragment order,
-    MX_FOLD_MIN_CAP_FRAGMENTS). NVFP4 and block columns do not."""
+    MX_FOLD_MIN_CAP_FRAGMENTS). NVFP4 and block columns (fp16 x only) do not."""
     for m, n, k in [(1, 6144, 4096), (4, 6144, 4096), (16, 28672, 4096), (16, 4096, 14336), (1, 300, 4096),
                     (4, 8192, 28672), (4, 4096, 7168), (8, 8192, 28672)]:
         cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "fp16", False, False)
@@ -687,7 +687,8 @@ def test_mx_fold_rule(monkeypatch):
     cfg = kernels.config_for(4, 10240, 8192, "mxfp4", "plain", "bf16", False, False)
     assert 0 < cfg.max_registers < kernels.MX_FOLD_MIN_CAP and cfg.mx_fold and cfg.x_fragments
     assert not kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "fp16", False, False).mx_fold  # block columns
-    assert not kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "bf16", False, False).mx_fold  # block columns
+    assert kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "bf16", False, False).mx_fold_redo  # not columns
+    assert not kernels.config_for(1, 8192, 28672, "mxfp4", "plain", "fp16", False, False).mx_fold  # block columns
     assert not kernels.config_for(4, 6144, 4096, "mxfp4", "plain", "fp16", False, False, mx_fold=False).mx_fold
     forced = kernels.config_for(4, 2048, 768, "mxfp4", "plain", "bf16", False, False, mx_fold=True)
     assert forced.mx_fold and forced.mx_fold_redo
