@@ -530,14 +530,15 @@ def test_dispatched_configs_fit_the_resident_warp_model(tmp_path):
 
 @pytest.mark.slow
 def test_column_register_table_matches_ptxas(tmp_path):
-    """kernels.COLUMN_REGISTERS bounds what ptxas gives the block-columns main kernel for sm_90a (the largest count
-    of the call's two kernels; k_warps 4 and 8, rounded up to the allocation step of 8), and is reached."""
+    """kernels.COLUMN_REGISTERS bounds what ptxas gives the block-columns main kernel with fp16 x for sm_90a (the
+    largest count of the call's two kernels; k_warps 4 and 8, rounded up to the allocation step of 8), and is
+    reached."""
     from registers import allocation, compiled_registers_all
 
     for (fmt, g), table in kernels.COLUMN_REGISTERS.items():
         got = [allocation(max(compiled_registers_all(
             "linear_w4a16_columns", "LinearW4A16Columns",
-            f"fmt={fmt!r}, block_columns=True, groups={g}, k_warps={kw}", tmp_path / f"{fmt}g{g}kw{kw}",
+            f"fmt={fmt!r}, block_columns=True, groups={g}, k_warps={kw}, x_dtype='fp16'", tmp_path / f"{fmt}g{g}kw{kw}",
             "linear_w4a16", "LinearW4A16Config"))) for kw in (4, 8)]
         assert max(got) == table, (fmt, g, got, table)
 

@@ -58,14 +58,9 @@ CAPS = {(1, 1): 48}  # (groups, token_tiles) -> a register cap ptxas meets with 
 # changes.
 FRAGMENT_REGISTERS = {(1, 2, "bf16"): 72, (1, 2, "fp16"): 72}
 FRAGMENT_CAPS = ((1, 2, "fp16"),)
-# (format, groups) -> registers a thread of LinearW4A16Columns (block_columns), as for REGISTERS; no caps
-COLUMN_REGISTERS = {("mxfp4", 1): 64, ("mxfp4", 2): 96, ("nvfp4", 1): 72, ("nvfp4", 2): 80}
-# The same, as they were when block_columns_for's cut was measured (docs/linear_h200_block_columns.csv), which that
-# rule's model keeps, so that it takes the kernel where it was measured to: MXFP4 two-group CTAs went from 80 to 96
-# when the token's factor moved into the block scales (a correctness fix at scales past 2^117), and no dispatched
-# block-columns split has two groups.
-COLUMN_RULE_REGISTERS = {**COLUMN_REGISTERS, ("mxfp4", 2): 80}
-COLUMN_RULE = " rule"  # `columns` = format + COLUMN_RULE: the model of block_columns_for (COLUMN_RULE_REGISTERS)
+# (format, groups) -> registers a thread of LinearW4A16Columns (block_columns) with fp16 x, the one x dtype that takes
+# it (bf16 x, only by naming the config: the same but MXFP4's two-group CTAs, 96), as for REGISTERS; no caps
+COLUMN_REGISTERS = {("mxfp4", 1): 64, ("mxfp4", 2): 80, ("nvfp4", 1): 72, ("nvfp4", 2): 80}
 
 
 def fragments_key(x_dtype: str, fold: bool) -> str:
@@ -79,8 +74,7 @@ def model_registers(groups: int, token_tiles: int, columns: str = "", fragments:
     block-columns kernel (COLUMN_REGISTERS); `fragments` (fragments_key): with x in fragment order
     (FRAGMENT_REGISTERS where it counts fewer); else REGISTERS."""
     if columns:
-        fmt, rule, _ = columns.partition(COLUMN_RULE)
-        return (COLUMN_RULE_REGISTERS if rule else COLUMN_REGISTERS)[(fmt, groups)]
+        return COLUMN_REGISTERS[(columns, groups)]
     regs = REGISTERS[(groups, token_tiles)]
     if fragments:
         regs = FRAGMENT_REGISTERS.get((groups, token_tiles, fragments), regs)
@@ -474,7 +468,7 @@ def block_columns_for(m: int, n: int, k: int, fmt: str, sms: int, x_dtype: str =
     least = COLUMNS_MIN_WEIGHT_BYTES.get(x_dtype)
     if fmt != "mxfp4" or m > 2 or least is None or n * k // 2 < least:
         return False
-    return _split(m, n, k, sms, 1, 1, fmt + COLUMN_RULE)[2] == 1
+    return _split(m, n, k, sms, 1, 1, fmt)[2] == 1
 
 
 # x in fragment order (LinearW4A16Fragments: a first kernel writes x once a call in the order of the main loop's
