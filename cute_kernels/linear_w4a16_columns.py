@@ -220,8 +220,9 @@ class LinearW4A16Columns(LinearW4A16):
     @cute.jit
     def compute_cols(self, rW, rS, rX, acc, tok_factor):
         """The step's MMAs into per-step partial sums (NVFP4: one set a block of the lane, MXFP4: one), then each
-        column times its block scale into the row sums; MXFP4 with bf16 x: each scale first times `tok_factor`,
-        the power of two of the token this lane's columns hold."""
+        column times its block scale into the row sums; where the scales take the token's factor
+        (folds_token_factor), each scale first times `tok_factor`, the power of two of the token this lane's columns
+        hold."""
         cfg = self.cfg
         sets = 2 if cfg.fmt == "nvfp4" else 1
         for g in cutlass.range_constexpr(cfg.groups):
@@ -245,7 +246,7 @@ class LinearW4A16Columns(LinearW4A16):
                     v = v + d[1][2 * h + 1] * s11
                 else:
                     s0, s1 = e8m0_to_f32(bits & Uint32(0xFF)), e8m0_to_f32(bits >> 8)
-                    if const_expr(cfg.x_dtype == "bf16"):
+                    if const_expr(self.folds_token_factor()):
                         s0, s1 = s0 * tok_factor, s1 * tok_factor
                     v = v + d[0][2 * h] * s0
                     v = v + d[0][2 * h + 1] * s1
