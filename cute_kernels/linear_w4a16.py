@@ -92,6 +92,7 @@ class LinearW4A16Config:
     # are all zero (an amax rule's 2^-127 for a zero block): on the whole-K fold (bf16), a pass over the warp's scales
     # before a redo (zero_blocks_check); on a vote a step (fp16), where the vote fails (fold_fits)
     w_l2_prefetch: int = 0  # 0, 64, 128 or 256: W's loads with `.L2::<n>B` (the L2 fetches that much on a miss)
+    experts: str = ""  # LinearW4A16Experts: "i32" or "i64", the expert ids' dtype (one (token, expert) slot a CTA)
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -117,6 +118,10 @@ class LinearW4A16Config:
         if self.block_columns and (self.k_parts, self.token_tiles, self.acc_sets, self.m_major) != (1, 1, 1, False):
             raise ValueError(f"block_columns takes one K part, one token tile, one accumulator set and no m_major, "
                              f"got {self}")
+        if self.experts and (self.experts not in ("i32", "i64") or self.sf_kind != "plain" or (
+                self.token_tiles, self.block_columns, self.x_fragments, self.m_major) != (1, False, False, False)):
+            raise ValueError(f"experts must be '', 'i32' or 'i64', and takes plain scales, one token tile, no block "
+                             f"columns, no x in fragment order and no m_major, got {self}")
         if self.mx_fold and (self.fmt != "mxfp4" or self.block_columns):
             raise ValueError(f"mx_fold is MXFP4's scale fold in the default kernel, got {self}")
         if self.mx_fold_redo and not self.mx_fold:
@@ -719,6 +724,12 @@ class LinearW4A16:
     @cute.kernel
     def kernel(self, x_words: cute.Tensor, w_words: cute.Tensor, sf: cute.Tensor, mY: cute.Tensor,
                mGS: cute.Tensor, mBias: cute.Tensor, m: Int32, n: Int32, k: Int32):
+        self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, None)
+
+    @cute.jit
+    def body(self, x_words, w_words, sf, mY, mGS, mBias, m, n, k, route):
+        """The kernel's work. `route` None: CTA (row tile, token tile) of one weight; else an expert route
+        (`linear_w4a16_experts.Route`): the CTA's token and the expert whose rows it reads."""
         cfg = self.cfg
         bidx, bidy, split, lane, warp, wr, wk, kq, k_lanes, r, c = self.coordinates()
         kp = cfg.k_parts
@@ -728,9 +739,14 @@ class LinearW4A16:
         for g in cutlass.range_constexpr(cfg.groups):
             for h in cutlass.range_constexpr(2):
                 rows[g, h] = cutlass.min(row0 + cfg.group_rows * g + (8 // kp) * h + r // kp, n - 1)
+                if const_expr(route is not None):
+                    rows[g, h] = rows[g, h] + route.row_base
         toks = cute.make_rmem_tensor(cute.make_layout(cfg.token_tiles), Int32)
         for t in cutlass.range_constexpr(cfg.token_tiles):
-            toks[t] = cutlass.min(bidy * cfg.tokens_per_cta + cfg.tile_tokens * t + r // kp, m - 1)
+            if const_expr(route is not None):
+                toks[t] = route.token
+            else:
+                toks[t] = cutlass.min(bidy * cfg.tokens_per_cta + cfg.tile_tokens * t + r // kp, m - 1)
 
         red, cta_sums = self.reduction_smem()
         accs = [cute.make_rmem_tensor(cute.make_layout((4, cfg.groups, cfg.token_tiles)), Float32)
@@ -799,7 +815,10 @@ class LinearW4A16:
             for i in cutlass.range_constexpr(4 * cfg.groups * cfg.token_tiles):
                 acc[i] = acc[i] + accs[1][i]
 
-        self.sum_and_store(acc, red, cta_sums, lane, warp, wr, wk, split, (mGS, row0, r, c, bidy, mY, mBias, m, n))
+        out = (mGS, row0, r, c, bidy, mY, mBias, m, n)
+        if const_expr(route is not None):
+            out = (*out, route)
+        self.sum_and_store(acc, red, cta_sums, lane, warp, wr, wk, split, out)
 
     @cute.jit
     def k_loop(self, accs, args, mode: str, first=0):
@@ -955,7 +974,7 @@ class LinearW4A16:
             v = v + ld_shared_cluster_f32(addr, z)
         return v
 
-    def store_sums(self, sum_of, sum_args, mGS, row0, r, c, bidy, mY, mBias, m, n):
+    def store_sums(self, sum_of, sum_args, mGS, row0, r, c, bidy, mY, mBias, m, n, route=None):
         """Every output of this thread's rows and tokens: sum_of(i, *sum_args) for accumulator i, through `store`.
         With P = k_parts > 1, accumulators 2h and 2h + 1 are columns 2c and 2c + 1 of MMA row r + 8h, that is
         (token (2c + b) / P, part (2c + b) % P) against (weight row 8h / P + r / P, part r % P): a lane keeps the one
@@ -963,13 +982,13 @@ class LinearW4A16:
         meet by a fixed butterfly over the lane bits that name them (r's low bits, c's low bits)."""
         cfg = self.cfg
         kp = cfg.k_parts
-        factor = self.output_factor(mGS)
+        factor = self.output_factor(mGS, route)
         for g in range(cfg.groups):
             for t in range(cfg.token_tiles):
                 for q in range(4):
                     i = q + 4 * (g + cfg.groups * t)
                     if const_expr(kp == 1):
-                        self.store(sum_of(i, *sum_args), factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n)
+                        self.store(sum_of(i, *sum_args), factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n, route)
                     elif const_expr(q % 2 == 0):
                         even, odd = sum_of(i, *sum_args), sum_of(i + 1, *sum_args)
                         v = Float32(cutlass.select_(r % 2 == 1, odd, even))
@@ -979,30 +998,37 @@ class LinearW4A16:
                             v = v + cute.arch.shuffle_sync_bfly(v, offset=4 << bit)
                         for bit in range((kp // 2).bit_length() - 1):  # and of c's: 1, 2
                             v = v + cute.arch.shuffle_sync_bfly(v, offset=1 << bit)
-                        self.store(v, factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n)
+                        self.store(v, factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n, route)
 
     @cute.jit
-    def output_factor(self, mGS):
+    def output_factor(self, mGS, route=None):
         """What the fp32 sums are multiplied by before the store: the scale fold's power of two, times the global
-        scale where there is one."""
+        scale where there is one (with a route, its expert's)."""
         factor = Float32(self.cfg.output_factor())
         if const_expr(self.cfg.global_scale):
-            factor = factor * mGS[0]
+            factor = factor * mGS[0 if route is None else route.expert]
         return factor
 
     @cute.jit
-    def store(self, v, factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n):
+    def store(self, v, factor, g, t, q, row0, r, c, bidy, mY, mBias, m, n, route=None):
         """y[tok, row] of accumulator q of group g, token tile t: the sum v times `factor`, plus the bias (with K
-        parts, from the lane of part 0)."""
+        parts, from the lane of part 0). With a route, y[slot, row] from the MMA's first column, the expert's bias,
+        and NaN where the slot's expert id is out of range."""
         cfg = self.cfg
         kp = cfg.k_parts
         row = row0 + cfg.group_rows * g + (8 // kp) * (q // 2) + r // kp
-        tok = bidy * cfg.tokens_per_cta + cfg.tile_tokens * t + (2 * c + q % 2) // kp
-        ok = row < n and tok < m
+        if const_expr(route is None):
+            tok = bidy * cfg.tokens_per_cta + cfg.tile_tokens * t + (2 * c + q % 2) // kp
+            ok = row < n and tok < m
+        else:  # one token a CTA, in the MMA's first column
+            tok = route.slot
+            ok = row < n and (2 * c + q % 2) // kp == 0
         if const_expr(kp > 1):
             ok = ok and r % kp == 0 and c % (kp // 2) == 0
         if ok:
             v = v * factor
             if const_expr(cfg.bias):
-                v = v + mBias[row].to(Float32)
+                v = v + mBias[row if route is None else route.row_base + row].to(Float32)
+            if const_expr(route is not None):
+                v = Float32(cutlass.select_(route.valid, v, Float32(float("nan"))))
             mY[tok, row] = v.to(mY.element_type)

@@ -274,6 +274,26 @@ def _cmd_bench_linear(args) -> int:
     return 0
 
 
+def _cmd_bench_experts(args) -> int:
+    """`bench --experts`: routed MoE experts in one launch against the read and a launch a slot."""
+    from nvfp4_gemv.linear import bench as LB
+
+    out = args.out
+    out.mkdir(exist_ok=True)
+    if not _has_cuda():
+        print(f"{NO_GPU}: the experts are timed on a GPU only; the (E, N, K, top_k, format) timed there:")
+        for shape in LB.EXPERT_SHAPES:
+            print(f"  {shape}")
+        return 0
+    import torch
+
+    stem = "experts" if args.x_dtype == "bf16" else f"experts_{args.x_dtype}"
+    LB.experts_run(csv_path=out / f"{stem}.csv", log=lambda s: print(s, flush=True),
+                   dtype={"bf16": torch.bfloat16, "fp16": torch.float16}[args.x_dtype])
+    print(f"wrote {out / (stem + '.csv')}")
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from nvfp4_gemv import plots
 
@@ -281,6 +301,8 @@ def _cmd_bench(args) -> int:
 
     if args.linear:
         return _cmd_bench_linear(args)
+    if args.experts:
+        return _cmd_bench_experts(args)
     log = Progress()
     shapes = args.shapes or list(SUITES[args.suite])
     out = args.out
@@ -479,7 +501,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the W4A16 linear (NVFP4 and MXFP4 weights, M = 1..16) against the read of its bytes, quack "
                         "gemm_w4a16 and cuBLAS in x's dtype; writes linear.csv and linear.png (linear_fp16.* with "
                         "--x-dtype fp16)")
-    b.add_argument("--x-dtype", choices=("bf16", "fp16"), default="bf16", help="--linear: the activations' dtype")
+    b.add_argument("--experts", action="store_true",
+                   help="routed MoE experts (fp4_experts_linear, one launch a call) against the read of the experts' "
+                        "bytes and a launch a (token, expert) slot, at T = 1..16; writes experts.csv")
+    b.add_argument("--x-dtype", choices=("bf16", "fp16"), default="bf16",
+                   help="--linear, --experts: the activations' dtype")
     b.add_argument("--bandwidth", type=_bandwidth, default=H200_NOMINAL_TBPS, metavar="TB/S",
                    help=f"without a GPU: the bandwidth of the floor table (default: the H200's nominal "
                    f"{H200_NOMINAL_TBPS} TB/s)")

@@ -877,6 +877,71 @@ def run(shapes=SHAPES, tokens=TOKENS, formats=FORMATS, peers: bool = True, csv_p
     return rows
 
 
+# (E, N, K, top_k, format) of routed MoE projections: gpt-oss-20b and -120b (MXFP4; gate_up's 2 x 2880 rows, down),
+# and Qwen3-30B-A3B's experts (gate_up 2 x 768 rows, down) as an NVFP4 checkpoint holds them.
+EXPERT_SHAPES = ((32, 5760, 2880, 4, "mxfp4"), (32, 2880, 2880, 4, "mxfp4"), (128, 5760, 2880, 4, "mxfp4"),
+                 (128, 2880, 2880, 4, "mxfp4"), (128, 1536, 2048, 8, "nvfp4"), (128, 2048, 768, 8, "nvfp4"))
+EXPERT_TOKENS = (1, 2, 4, 8, 16)
+
+
+def _expert_ids(e: int, t: int, top_k: int, calls: int, device="cuda"):
+    """`calls` id tensors (T, top_k), distinct experts a token, each call's experts the next ones round the E
+    (so consecutive calls find few of theirs in L2), and each call's count of distinct experts."""
+    pool, distinct = [], []
+    for c in range(calls):
+        flat = (c * t * top_k + torch.arange(t * top_k)) % e
+        pool.append(flat.view(t, top_k).to(device))
+        distinct.append(len(set(flat.tolist())))
+    return pool, distinct
+
+
+def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, dtype=torch.bfloat16, csv_path=None, log=print):
+    """µs per call of `fp4_experts_linear` (one launch) at every (E, N, K, top_k, format) and T, against the read of the
+    bytes of the experts a call names and the loop users write with one module an expert (an fp4_linear a (token,
+    expert) slot, in the same graph timer). Eager host µs a call beside. Returns the rows."""
+    from nvfp4_gemv.linear import fp4_experts_linear, fp4_linear
+
+    rows = []
+    log(f"{'E':>4} {'N x K':>11} {'top_k':>5} {'fmt':>5} {'T':>3} {'experts':>7} {'read':>7} {'ours':>7} "
+        f"{'/read':>6} {'loop':>7} {'l/ours':>6} {'host':>6}")
+    for e, n, k, top_k, fmt in shapes:
+        w = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device="cuda")
+        block = 16 if fmt == "nvfp4" else 32
+        lo, hi = (0x28, 0x40) if fmt == "nvfp4" else MXFP4_SCALES
+        sf = torch.randint(lo, hi + 1, (e, n, k // block), dtype=torch.uint8, device="cuda")
+        if fmt == "nvfp4":
+            sf = sf.view(torch.float8_e4m3fn)
+        gs = torch.full((e,), 0.5, device="cuda") if fmt == "nvfp4" else None
+        per_expert = weight_bytes(n, k, fmt)
+        for t in tokens:
+            calls = max(2, -(-POOL_BYTES // (per_expert * min(e, t * top_k))))
+            pool, distinct = _expert_ids(e, t, top_k, calls)
+            x = torch.randn(t, k, device="cuda").to(dtype)
+
+            def one(ids):
+                return fp4_experts_linear(x, w, sf, ids, fmt, gs)
+
+            def loop(ids):  # ids as host lists, as a loop over modules has them
+                for i, row in enumerate(ids):
+                    for ex in row:
+                        fp4_linear(x[i:i + 1], w[ex], sf[ex], fmt, None if gs is None else gs[ex:ex + 1])
+
+            ours_us = B.graph_time_us(one, pool)
+            loop_us = B.graph_time_us(loop, [p.tolist() for p in pool])
+            nbytes = per_expert * round(sum(distinct) / len(distinct))
+            read = _time(lambda: B.stream_read_variant(nbytes))
+            host = B.host_cost_us(one, pool[0], iters=500)
+            row = dict(experts=e, n=n, k=k, top_k=top_k, t=t, fmt=fmt, x_dtype=str(dtype).split(".")[-1],
+                       distinct=nbytes // per_expert, read_us=read, ours_us=ours_us, ratio=ours_us / read,
+                       loop_us=loop_us, loop_over_ours=loop_us / ours_us, host_us=host)
+            rows.append(row)
+            log(f"{e:>4} {n:>5}x{k:<5} {top_k:>5} {fmt:>5} {t:>3} {row['distinct']:>7} {read:7.2f} {ours_us:7.2f} "
+                f"{ours_us / read:6.2f} {loop_us:7.2f} {loop_us / ours_us:6.2f} {host:6.1f}")
+    if csv_path:
+        write_csv(rows, csv_path)
+    return rows
+
+
 def plot(rows, path):
     """Time against M per shape: the read, ours and quack per format, cuBLAS bf16."""
     import matplotlib

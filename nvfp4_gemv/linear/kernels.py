@@ -14,6 +14,7 @@ import torch
 from cute_kernels.compile import compile_kernel, raw_function
 from cute_kernels.linear_w4a16 import STEP_K, LinearW4A16, LinearW4A16Config
 from cute_kernels.linear_w4a16_columns import LinearW4A16Columns, prepared_words
+from cute_kernels.linear_w4a16_experts import LinearW4A16Experts
 from cute_kernels.linear_w4a16_fragments import LinearW4A16Fragments, fragment_words
 from cute_kernels.targets import target
 from cute_kernels.tc_workspace import capability, sm_count
@@ -23,6 +24,7 @@ from nvfp4_gemv.linear import prefill
 SCALE_LAYOUTS = {"plain": "plain", "swizzled": "permuted"}  # the linear's names -> the kernel's sf_kind
 _X_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _SF_DTYPES = {torch.uint8: "u8", torch.float8_e4m3fn: "e4m3"}
+_ID_DTYPES = {torch.int32: "i32", torch.int64: "i64"}
 H200_SMS = 132
 
 # (groups, k_warps) candidates: a warp owns `groups` 16-row MMA groups, and `k_warps` warps of a CTA split K.
@@ -766,6 +768,53 @@ def run(out2d, x2d, weight_u8, scale, fmt, scale_layout, global_scale, bias, **o
     may be uint8 or (NVFP4) float8_e4m3fn, read as bytes either way. `bind`, for one call."""
     bind(weight_u8.shape[0], x2d.shape[1], x2d.device, x2d.dtype, scale.dtype, fmt, scale_layout,
          global_scale is not None, bias is not None, **override)(out2d, x2d, weight_u8, scale, global_scale, bias)
+
+
+def experts_config(slots: int, n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias: bool, global_scale: bool,
+                   sms: int = H200_SMS, **override) -> LinearW4A16Config:
+    """The config of one routed launch (LinearW4A16Experts): `slots` one-token CTAs a row tile of N rows, split as
+    config_for splits one token over N·slots rows (the same grid of CTAs), without the kernels that prepare x first."""
+    cfg = config_for(1, n * slots, k, fmt, "plain", x_dtype, bias, global_scale, sms,
+                     **{"block_columns": False, "x_fragments": False, **override})
+    return LinearW4A16Config(**{**cfg.__dict__, "experts": ids_dtype})
+
+
+# Slots of one routed launch at most: one CTA row a slot on the grid's y (at most 65535), so a call with more
+# (token, expert) slots is launched in chunks of whole tokens.
+SLOTS_CHUNK = 65535
+
+
+def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, has_global_scale, has_bias, **override):
+    """The routed launch of one call signature: `launch(out2d, x2d, weight_u8, scale, global_scale, bias, ids)` with
+    out2d (T·top_k, N), x2d (T, K), the stacked weight (E·N, K/2) and scales (E·N, K/block) as bytes (NVFP4's may be
+    e4m3), global_scale (E,) fp32 or None, bias (E·N,) or None, ids (T·top_k,). One config a slot count, chosen and
+    compiled on its first call (experts_config)."""
+    plans = {}
+    xd, idd = _X_DTYPES[x_dtype], _ID_DTYPES[ids_dtype]
+
+    def launch(out2d, x2d, weight_u8, scale, global_scale, bias, ids):
+        t, slots = x2d.shape[0], ids.shape[0]
+        top_k = slots // t
+        if slots > SLOTS_CHUNK:
+            step = SLOTS_CHUNK // top_k
+            for t0 in range(0, t, step):
+                t1 = min(t, t0 + step)
+                launch(out2d[t0 * top_k:t1 * top_k], x2d[t0:t1], weight_u8, scale, global_scale, bias,
+                       ids[t0 * top_k:t1 * top_k])
+            return
+        if not LinearW4A16Experts.can_implement(t, n, k, experts):
+            raise ValueError(f"fp4_experts_linear: (T, E·N, K) = ({t}, {experts * n}, {k}) is too large for the kernel: "
+                             f"{LinearW4A16.can_implement.__doc__} Split the experts or the call.")
+        fn = plans.get(slots)
+        if fn is None:
+            cfg = experts_config(slots, n, k, fmt, xd, idd, has_bias, has_global_scale, sm_count(device.index),
+                                 **{"sf_dtype": _SF_DTYPES[scale_dtype], **override})
+            fn = plans[slots] = raw_function(compile_kernel(LinearW4A16Experts, cfg, target(capability(device)),
+                                                            stream="torch"))
+        gs = _dummy(device, torch.float32) if global_scale is None else global_scale
+        fn(x2d, weight_u8, scale, out2d, gs, _dummy(device, x_dtype) if bias is None else bias, ids)
+
+    return launch
 
 
 def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layout: str = "plain", **override) -> str:

@@ -1,0 +1,218 @@
+"""Routed fp4 experts: the linear of a mixture-of-experts layer at decode time, every routed (token, expert) pair in
+one launch.
+
+    y = fp4_experts_linear(x, weight, weight_scale, expert_ids, fmt, global_scale=None, bias=None)
+    y[t, j] = x[t] · dequant(weight[expert_ids[t, j]])ᵀ (· global_scale[e]) (+ bias[e]),  e = expert_ids[t, j]
+
+- x (T, K) bf16/fp16; expert_ids (T, top_k) int32 or int64 (a router's top-k indices as they come), on x's device;
+  y (T, top_k, N) in x's dtype.
+- weight (E, N, K/2) uint8 or float4_e2m1fn_x2, the experts stacked as checkpoints store them (gpt-oss's
+  `*_blocks` [E, N, K/32, 16] viewed as (E, N, K/2)); weight_scale plain, (E, N, K/16) e4m3 for NVFP4 or
+  (E, N, K/32) uint8/e8m0 for MXFP4. global_scale (NVFP4 only): None or (E,) fp32, one a expert. bias: None or
+  (E, N) in x's dtype. Read in place, never copied.
+
+On CUDA, up to EXPERTS_MAX_TOKENS tokens are one launch of `cute_kernels.linear_w4a16_experts` (the ids are read on
+the device: no sync, so the call takes CUDA-graph capture and torch.compile). An id outside [0, E) gives NaN in its
+(t, j) row there, since checking it on the host would need a sync. Past EXPERTS_MAX_TOKENS tokens (prefill), where
+many slots share an expert, the ids are read on the host (one sync): each expert's tokens go through `fp4_linear`
+together, so its weight is read once a call, and a bad id raises ValueError. Other devices run the fp32 reference,
+which raises on a bad id as well. Each expert's result equals `fp4_linear` of its tokens within the same tolerance
+(the same kernels, split for the whole launch).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nvfp4_gemv.linear.formats import ACTIVATION_DTYPES, K_ALIGN, WEIGHT_DTYPES, format_of
+from nvfp4_gemv.linear.reference import dequantize
+from nvfp4_gemv.linear.validate import PTR_ALIGN, _aligned, _device, _rows, _tensor
+
+EXPERTS_OP_NAME = "nvfp4_gemv::fp4_experts_linear"
+EXPERTS_MAX_TOKENS = 16  # tokens a call takes in one routed launch; past it, each expert's tokens together
+ID_DTYPES = (torch.int32, torch.int64)
+
+__all__ = ["EXPERTS_MAX_TOKENS", "experts_reference", "fp4_experts_linear", "validate_experts"]
+
+
+def validate_experts(x, weight, weight_scale, expert_ids, fmt, global_scale=None, bias=None, *,
+                     check_pointers: bool | None = None) -> tuple[int, int, int, int, int]:
+    """Check the operands of fp4_experts_linear from metadata alone; return (T, top_k, E, N, K). ValueError naming
+    the tensor otherwise. check_pointers as validate_linear's (16-byte aligned weight and scales on CUDA)."""
+    f = format_of(fmt)
+    _tensor("weight", weight, WEIGHT_DTYPES)
+    if weight.dim() != 3:
+        raise ValueError(f"weight: expected 3 dimensions (E, N, K/2), the experts stacked, got shape "
+                         f"{tuple(weight.shape)}")
+    e, n, k = weight.shape[0], weight.shape[1], 2 * weight.shape[2]
+    if e < 1 or n < 1 or k < 1 or k % K_ALIGN:
+        raise ValueError(f"weight: expected shape (E, N, K/2) with E, N >= 1 and K a positive multiple of {K_ALIGN}, "
+                         f"got {tuple(weight.shape)} (K = {k})")
+    _rows("weight", weight)
+    device = weight.device
+    _tensor("weight_scale", weight_scale, f.scale_dtypes)
+    if tuple(weight_scale.shape) != (e, n, k // f.block):
+        raise ValueError(f"weight_scale: expected shape {(e, n, k // f.block)} ({f.name}, plain: (E, N, K/{f.block})) "
+                         f"for E, N, K = {e}, {n}, {k} (from weight), got {tuple(weight_scale.shape)}")
+    _rows("weight_scale", weight_scale)
+    _device("weight_scale", weight_scale, device)
+    if global_scale is not None:
+        if not f.has_global:
+            raise ValueError(f"global_scale: {f.name} has no tensor scale; expected None, got "
+                             f"{type(global_scale).__name__}")
+        _tensor("global_scale", global_scale, (torch.float32,), " (one a expert)")
+        if tuple(global_scale.shape) != (e,):
+            raise ValueError(f"global_scale: expected shape ({e},) (E, from weight), got {tuple(global_scale.shape)}")
+        _rows("global_scale", global_scale, "; pass global_scale.contiguous()")
+        _device("global_scale", global_scale, device)
+    _tensor("x", x, ACTIVATION_DTYPES)
+    if x.dim() != 2 or x.shape[1] != k:
+        raise ValueError(f"x: expected shape (T, K) with K = {k} (from weight), got {tuple(x.shape)}")
+    _device("x", x, device)
+    _tensor("expert_ids", expert_ids, ID_DTYPES)
+    if expert_ids.dim() != 2 or expert_ids.shape[0] != x.shape[0] or expert_ids.shape[1] < 1:
+        raise ValueError(f"expert_ids: expected shape (T, top_k) with T = {x.shape[0]} (from x) and top_k >= 1, got "
+                         f"{tuple(expert_ids.shape)}")
+    _device("expert_ids", expert_ids, device)
+    if bias is not None:
+        _tensor("bias", bias, (x.dtype,), " (x's dtype)")
+        if tuple(bias.shape) != (e, n):
+            raise ValueError(f"bias: expected shape {(e, n)} (E, N, from weight), got {tuple(bias.shape)}")
+        _rows("bias", bias, "; pass bias.contiguous()")
+        _device("bias", bias, device)
+    _aligned("weight", weight, check_pointers)
+    _aligned("weight_scale", weight_scale, check_pointers)
+    return x.shape[0], expert_ids.shape[1], e, n, k
+
+
+def _groups(expert_ids: torch.Tensor, experts: int):
+    """(expert, token indices, slot indices) of every expert some slot names, read on the host (one sync); a
+    ValueError naming expert_ids where an id is outside [0, E)."""
+    ids = expert_ids.reshape(-1).long()
+    bad = (ids < 0) | (ids >= experts)
+    if bool(bad.any()):
+        raise ValueError(f"expert_ids: expected values in [0, {experts}) (E, from weight), got "
+                         f"{ids[bad][:4].tolist()}")
+    order = torch.argsort(ids, stable=True)
+    counts = torch.bincount(ids, minlength=experts).tolist()
+    start = 0
+    top_k = expert_ids.shape[1]
+    for e, count in enumerate(counts):
+        if count:
+            slots = order[start:start + count]
+            yield e, slots // top_k, slots
+            start += count
+
+
+def experts_reference(x, weight, weight_scale, expert_ids, fmt, global_scale=None, bias=None) -> torch.Tensor:
+    """y (T, top_k, N) in fp32 a slot, rounded once to x's dtype: each named expert dequantized (`dequantize`), its
+    tokens' x times it. The CPU implementation of the op and the tests' oracle."""
+    t, top_k, e, n, _ = validate_experts(x, weight, weight_scale, expert_ids, fmt, global_scale, bias,
+                                         check_pointers=False)
+    y = torch.empty(t * top_k, n, dtype=torch.float32, device=x.device)
+    for ex, tokens, slots in _groups(expert_ids, e):
+        w = dequantize(weight[ex], weight_scale[ex], fmt, "plain", None if global_scale is None else global_scale[ex])
+        ye = x[tokens].float() @ w.t()
+        if bias is not None:
+            ye = ye + bias[ex].float()
+        y[slots] = ye
+    return y.to(x.dtype).view(t, top_k, n)
+
+
+def _kernel_scale(weight_scale: torch.Tensor) -> torch.Tensor:
+    """The scales as the kernels take them: uint8 or e4m3 as they are, e8m0 viewed as uint8."""
+    if weight_scale.dtype in (torch.uint8, torch.float8_e4m3fn):
+        return weight_scale
+    return weight_scale.view(torch.uint8)
+
+
+class EagerExperts:
+    """The eager CUDA path: validation and the launch bound once per metadata signature (T and the data not in it),
+    then per call the pointers' alignment, y allocated, one launch (or, past EXPERTS_MAX_TOKENS tokens, one
+    `fp4_linear` an expert named)."""
+
+    def __init__(self, bind=None):
+        self._bind = bind  # None: kernels.bind_experts (imported on first use); tests pass a stand-in of its signature
+        self.launches: dict = {}
+
+    def __call__(self, x, weight, weight_scale, expert_ids, fmt, global_scale, bias):
+        args = (x, weight, weight_scale, expert_ids, fmt, global_scale, bias)
+        try:
+            # T (x's and expert_ids' first dim) is not in the signature; every other shape, stride and dtype is
+            key = (fmt, x.dtype, x.shape[1:], x.device, expert_ids.dtype, expert_ids.shape[1:], expert_ids.device,
+                   *((t.dtype, t.shape, t.stride(), t.device) if isinstance(t, torch.Tensor) else type(t)
+                     for t in (weight, weight_scale, global_scale, bias)))
+            launch = self.launches.get(key)
+            if (launch is None or weight.data_ptr() % PTR_ALIGN or weight_scale.data_ptr() % PTR_ALIGN
+                    or expert_ids.shape[0] != x.shape[0]):
+                validate_experts(*args, check_pointers=True)
+        except (AttributeError, IndexError, TypeError):
+            validate_experts(*args)  # a non-tensor argument
+            raise
+        t, top_k = expert_ids.shape
+        e, n, kb = weight.shape
+        if t > EXPERTS_MAX_TOKENS:
+            return self.grouped(*args)
+        if launch is None:
+            bind = self._bind
+            if bind is None:
+                from nvfp4_gemv.linear.kernels import bind_experts as bind
+            launch = self.launches[key] = bind(
+                e, n, 2 * kb, x.device, x.dtype, _kernel_scale(weight_scale).dtype, expert_ids.dtype, fmt,
+                global_scale is not None, bias is not None)
+        if not x.is_contiguous() or x.data_ptr() % PTR_ALIGN:
+            x = x.clone(memory_format=torch.contiguous_format)
+        out = torch.empty(t, top_k, n, dtype=x.dtype, device=x.device)
+        if t:
+            launch(out.view(t * top_k, n), x, weight.view(torch.uint8).view(e * n, kb),
+                   _kernel_scale(weight_scale).view(e * n, -1), global_scale,
+                   None if bias is None else bias.view(e * n), expert_ids.contiguous().view(-1))
+        return out
+
+    @staticmethod
+    def grouped(x, weight, weight_scale, expert_ids, fmt, global_scale, bias):
+        """Each expert's tokens through fp4_linear together (the ids read on the host)."""
+        from nvfp4_gemv.linear.op import fp4_linear
+
+        t, top_k = expert_ids.shape
+        n = weight.shape[1]
+        out = torch.empty(t * top_k, n, dtype=x.dtype, device=x.device)
+        for ex, tokens, slots in _groups(expert_ids, weight.shape[0]):
+            out[slots] = fp4_linear(x[tokens], weight[ex], weight_scale[ex], fmt,
+                                    None if global_scale is None else global_scale[ex:ex + 1],
+                                    None if bias is None else bias[ex])
+        return out.view(t, top_k, n)
+
+
+EAGER = EagerExperts()
+
+
+@torch.library.custom_op(EXPERTS_OP_NAME, mutates_args=())
+def fp4_experts_linear_op(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                          expert_ids: torch.Tensor, fmt: str, global_scale: torch.Tensor | None,
+                          bias: torch.Tensor | None) -> torch.Tensor:
+    """y[t, j] = x[t] · dequant(weight[expert_ids[t, j]])ᵀ; see `fp4_experts_linear`."""
+    if x.device.type == "cuda":
+        return EAGER(x, weight, weight_scale, expert_ids, fmt, global_scale, bias)
+    return experts_reference(x, weight, weight_scale, expert_ids, fmt, global_scale, bias)
+
+
+@fp4_experts_linear_op.register_fake
+def _fp4_experts_linear_fake(x, weight, weight_scale, expert_ids, fmt, global_scale, bias):
+    t, top_k, _, n, _ = validate_experts(x, weight, weight_scale, expert_ids, fmt, global_scale, bias,
+                                         check_pointers=False)
+    return x.new_empty((t, top_k, n))
+
+
+def fp4_experts_linear(x, weight, weight_scale, expert_ids, fmt="mxfp4", global_scale=None, bias=None):
+    """y (T, top_k, N) with y[t, j] = x[t] · dequant(weight[expert_ids[t, j]])ᵀ (+ bias[expert_ids[t, j]]): the
+    module docstring says what each argument takes. Eager CUDA calls skip the dispatcher; under torch.compile the
+    call is the op `nvfp4_gemv::fp4_experts_linear`."""
+    if torch.compiler.is_compiling():
+        return torch.ops.nvfp4_gemv.fp4_experts_linear(x, weight, weight_scale, expert_ids, fmt, global_scale, bias)
+    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in (x, global_scale, bias)):
+        raise ValueError("fp4_experts_linear: no gradients are computed (an inference op); call it under "
+                         "torch.no_grad() or torch.inference_mode(), or pass x, global_scale and bias detached")
+    if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+        return EAGER(x, weight, weight_scale, expert_ids, fmt, global_scale, bias)
+    return experts_reference(x, weight, weight_scale, expert_ids, fmt, global_scale, bias)

@@ -1,0 +1,342 @@
+"""Routed fp4 experts (nvfp4_gemv/linear/experts.py, cute_kernels/linear_w4a16_experts.py): the reference against
+each slot's own fp4_linear, bad input named, the eager path with a stand-in launcher, the configs and their PTX on the
+CPU; on a GPU the kernel against the reference on full-range data, ids out of range, the grouped path past 16
+tokens, CUDA graphs, torch.compile and bit-identical repeats."""
+
+import dataclasses
+import re
+
+import pytest
+import torch
+
+from nvfp4_gemv.linear import fp4_experts_linear
+from nvfp4_gemv.linear.experts import EXPERTS_MAX_TOKENS, EagerExperts, experts_reference, validate_experts
+from nvfp4_gemv.linear.reference import dequantize, linear_reference
+
+FORMATS = ["nvfp4", "mxfp4"]
+
+
+def operands(fmt="mxfp4", e=5, n=72, k=128, t=3, top_k=2, dtype=torch.bfloat16, ids_dtype=torch.int64,
+             global_scale=True, bias=True, full=True, seed=0, device="cpu"):
+    """Keyword arguments of fp4_experts_linear: every code, scales over a wide range (NVFP4: every finite e4m3,
+    subnormals included; MXFP4: 2^-37..2^37), distinct experts a token, a per-expert global scale and bias."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, generator=g)
+    if fmt == "nvfp4":
+        lo, hi = (0, 0x7E) if full else (0x28, 0x40)
+        sf = torch.randint(lo, hi + 1, (e, n, k // 16), dtype=torch.uint8, generator=g).view(torch.float8_e4m3fn)
+        gs = (torch.rand(e, generator=g) + 0.25) if global_scale else None
+    else:
+        lo, hi = (90, 165) if full else (118, 130)
+        sf = torch.randint(lo, hi, (e, n, k // 32), dtype=torch.uint8, generator=g)
+        gs = None
+    ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)] or [torch.zeros(0, top_k)])
+    ids = ids.reshape(t, top_k).to(ids_dtype)
+    a = dict(x=torch.randn(t, k, generator=g).to(dtype), weight=w, weight_scale=sf, expert_ids=ids, fmt=fmt,
+             global_scale=gs, bias=torch.randn(e, n, generator=g).to(dtype) if bias else None)
+    return {key: v.to(device) if isinstance(v, torch.Tensor) else v for key, v in a.items()}
+
+
+def per_slot(a):
+    """y (T, top_k, N) from fp4_linear's reference, one (token, expert) slot at a time."""
+    t, top_k = a["expert_ids"].shape
+    rows = []
+    for i in range(t):
+        for j in range(top_k):
+            e = int(a["expert_ids"][i, j])
+            rows.append(linear_reference(a["x"][i:i + 1], a["weight"][e], a["weight_scale"][e], a["fmt"],
+                                         None if a["global_scale"] is None else a["global_scale"][e:e + 1],
+                                         None if a["bias"] is None else a["bias"][e]))
+    return torch.cat(rows).view(t, top_k, -1)
+
+
+# ---------------------------------------------------------------- the reference and the CPU op
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("t,top_k", [(1, 1), (3, 2), (17, 4)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64])
+def test_reference_is_each_slots_linear(fmt, t, top_k, dtype, ids_dtype):
+    a = operands(fmt, t=t, top_k=top_k, dtype=dtype, ids_dtype=ids_dtype, full=False)
+    got = experts_reference(**a)
+    assert_same_sums(got, per_slot(a))  # fp32 sums of one row or of an expert's rows: the order may differ
+    assert torch.equal(fp4_experts_linear(**a), got)
+    assert torch.equal(torch.ops.nvfp4_gemv.fp4_experts_linear(*op_args(a)), got)
+
+
+def assert_same_sums(a, b):
+    """Equal but for the fp32 sum's order: within one rounding to the output dtype (and a little for the sums)."""
+    ulp = 2.0 ** -(7 if a.dtype == torch.bfloat16 else 10)
+    assert a.shape == b.shape and ((a.double() - b.double()).abs() <= ulp * b.double().abs() + 1e-3).all()
+
+
+def test_reference_repeated_and_unused_experts():
+    """Every token on the same expert, several tokens on one expert, experts no slot names: each slot is its own."""
+    a = operands("nvfp4", t=6, top_k=3)
+    a["expert_ids"] = torch.tensor([[0, 0, 0], [4, 4, 4], [1, 4, 0], [0, 1, 4], [4, 0, 1], [1, 1, 1]])
+    assert_same_sums(experts_reference(**a), per_slot(a))
+
+
+def test_zero_tokens():
+    a = operands(t=0)
+    assert experts_reference(**a).shape == (0, 2, 72)
+    assert fp4_experts_linear(**a).shape == (0, 2, 72)
+
+
+def op_args(a):
+    return (a["x"], a["weight"], a["weight_scale"], a["expert_ids"], a["fmt"], a["global_scale"], a["bias"])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_opcheck(fmt):
+    # as fp4_linear's: opcheck's test_schema compares inputs with torch.allclose, which has no CPU kernel for e4m3
+    kw = {} if fmt == "mxfp4" else {"test_utils": ("test_faketensor", "test_aot_dispatch_dynamic")}
+    for t in (3, 0):
+        torch.library.opcheck(torch.ops.nvfp4_gemv.fp4_experts_linear.default, op_args(operands(fmt, t=t)), **kw)
+
+
+def test_compile_fullgraph_matches_eager():
+    a = operands("nvfp4")
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, ids: fp4_experts_linear(x, a["weight"], a["weight_scale"], ids, "nvfp4",
+                                                             a["global_scale"], a["bias"]),
+                      fullgraph=True, backend="aot_eager")
+    assert torch.equal(f(a["x"], a["expert_ids"]), experts_reference(**a))
+
+
+def test_no_gradients():
+    a = operands()
+    a["x"] = a["x"].requires_grad_()
+    with pytest.raises(ValueError, match="^fp4_experts_linear: no gradients"):
+        fp4_experts_linear(**a)
+    with torch.no_grad():
+        assert torch.equal(fp4_experts_linear(**a), experts_reference(**{**a, "x": a["x"].detach()}))
+
+
+# ---------------------------------------------------------------- bad input: ValueError naming the tensor
+
+
+def _bad_cases():
+    a = operands("nvfp4")
+    e, n, k = 5, 72, 128
+    meta = torch.device("meta")
+    return [
+        ("fmt", dict(fmt="nvfp8"), "fmt"),
+        ("x-dtype", dict(x=a["x"].float()), "x"),
+        ("x-k", dict(x=a["x"][:, :64]), "x"),
+        ("x-3d", dict(x=a["x"].view(1, 3, k)), "x"),
+        ("x-device", dict(x=a["x"].to(meta)), "x"),
+        ("w-2d", dict(weight=a["weight"][0]), "weight"),
+        ("w-dtype", dict(weight=a["weight"].view(torch.int8)), "weight"),
+        ("w-k", dict(weight=a["weight"][:, :, :20]), "weight"),
+        ("w-empty", dict(weight=a["weight"][:0]), "weight"),
+        ("w-strides", dict(weight=a["weight"].transpose(0, 1)), "weight"),
+        ("w-type", dict(weight=None), "weight"),
+        ("s-dtype", dict(weight_scale=a["weight_scale"].view(torch.uint8)), "weight_scale"),
+        ("s-shape", dict(weight_scale=a["weight_scale"][:4]), "weight_scale"),
+        ("s-strides", dict(weight_scale=a["weight_scale"].transpose(0, 1)), "weight_scale"),
+        ("s-device", dict(weight_scale=a["weight_scale"].to(meta)), "weight_scale"),
+        ("ids-dtype", dict(expert_ids=a["expert_ids"].to(torch.int16)), "expert_ids"),
+        ("ids-1d", dict(expert_ids=a["expert_ids"][:, 0]), "expert_ids"),
+        ("ids-tokens", dict(expert_ids=a["expert_ids"][:2]), "expert_ids"),
+        ("ids-top-k-0", dict(expert_ids=a["expert_ids"][:, :0]), "expert_ids"),
+        ("ids-device", dict(expert_ids=a["expert_ids"].to(meta)), "expert_ids"),
+        ("ids-value", dict(expert_ids=a["expert_ids"] + e), "expert_ids"),
+        ("ids-negative", dict(expert_ids=a["expert_ids"] - e), "expert_ids"),
+        ("g-shape", dict(global_scale=torch.ones(1)), "global_scale"),
+        ("g-dtype", dict(global_scale=torch.ones(e, dtype=torch.float16)), "global_scale"),
+        ("g-float", dict(global_scale=1.0), "global_scale"),
+        ("g-strides", dict(global_scale=torch.ones(2 * e)[::2]), "global_scale"),
+        ("mx-g", {**operands("mxfp4"), "global_scale": torch.ones(e)}, "global_scale"),
+        ("b-shape", dict(bias=torch.zeros(n, dtype=torch.bfloat16)), "bias"),
+        ("b-dtype", dict(bias=torch.zeros(e, n, dtype=torch.float16)), "bias"),
+        ("b-device", dict(bias=torch.zeros(e, n, dtype=torch.bfloat16, device=meta)), "bias"),
+    ]
+
+
+BAD = _bad_cases()
+
+
+@pytest.mark.parametrize("case,changes,name", BAD, ids=[c[0] for c in BAD])
+def test_bad_input_names_the_tensor(case, changes, name):
+    a = {**operands("nvfp4"), **changes}
+    pattern = rf"^{name}: "
+    with pytest.raises(ValueError, match=pattern):
+        fp4_experts_linear(**a)
+    if not case.startswith("ids-") or case in ("ids-dtype", "ids-1d", "ids-tokens", "ids-top-k-0", "ids-device"):
+        with pytest.raises(ValueError, match=pattern):  # ids' values are not metadata: the reference reads them
+            validate_experts(*op_args(a)[:5], a["global_scale"], a["bias"])
+        with pytest.raises(ValueError, match=pattern):  # the eager CUDA path, on CPU tensors with a stand-in
+            EagerExperts(bind=_fail)(*op_args(a))
+
+
+def _fail(*args):
+    raise AssertionError("bound on bad input")
+
+
+# ---------------------------------------------------------------- the eager CUDA path with a stand-in launcher
+
+
+def _stand_in(e, n, k, device, x_dtype, sf_dtype, ids_dtype, fmt, has_gs, has_bias):
+    """bind_experts' signature; its launch computes each slot from the stacked views with the reference."""
+
+    def launch(out2d, x2d, w, sf, gs, bias, ids):
+        top_k = ids.shape[0] // x2d.shape[0]
+        for s, ex in enumerate(ids.tolist()):
+            rows = slice(ex * n, (ex + 1) * n)
+            out2d[s] = linear_reference(x2d[s // top_k:s // top_k + 1], w[rows], sf[rows].view(
+                torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8), fmt,
+                None if gs is None else gs[ex:ex + 1], None if bias is None else bias[rows])[0]
+
+    calls.append((e, n, k, x_dtype, sf_dtype, ids_dtype, fmt, has_gs, has_bias))
+    return launch
+
+
+calls = []
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_eager_path_views_and_caches(fmt):
+    """The launch sees the stacked views (E·N rows, flat ids and y) and is bound once per signature, not per T;
+    past EXPERTS_MAX_TOKENS tokens the slots go through each expert's fp4_linear (here the CPU reference)."""
+    calls.clear()
+    eager = EagerExperts(bind=_stand_in)
+    for t in (1, 3, 16):
+        a = operands(fmt, t=t, top_k=2)
+        assert_same_sums(eager(*op_args(a)), per_slot(a))
+    assert len(calls) == 1 and calls[0][:3] == (5, 72, 128)
+    a = operands(fmt, t=EXPERTS_MAX_TOKENS + 1, top_k=3)
+    assert_same_sums(eager(*op_args(a)), per_slot(a))
+    assert len(calls) == 1
+    a["expert_ids"][5, 1] = 99
+    with pytest.raises(ValueError, match=r"^expert_ids: expected values in \[0, 5\)"):
+        eager(*op_args(a))
+
+
+# ---------------------------------------------------------------- configs and PTX (CPU)
+
+
+def test_experts_config():
+    from nvfp4_gemv.linear import kernels
+
+    for slots, n, k, fmt, xd in [(1, 5760, 2880, "mxfp4", "bf16"), (4, 2880, 2880, "mxfp4", "fp16"),
+                                 (64, 2880, 2880, "mxfp4", "bf16"), (8, 768, 2048, "nvfp4", "bf16"),
+                                 (2, 28672, 4096, "mxfp4", "fp16")]:
+        c = kernels.experts_config(slots, n, k, fmt, xd, "i64", False, fmt == "nvfp4")
+        one = kernels.config_for(1, n * slots, k, fmt, "plain", xd, False, fmt == "nvfp4", block_columns=False,
+                                 x_fragments=False)
+        assert c.experts == "i64" and dataclasses.replace(c, experts="") == one
+        assert (c.token_tiles, c.block_columns, c.x_fragments, c.m_major) == (1, False, False, False)
+    with pytest.raises(ValueError, match="experts must be"):
+        kernels.LinearW4A16Config(experts="i64", token_tiles=2)
+
+
+def test_base_kernel_unchanged_by_routes(tmp_path):
+    """The route is a compile-time None in LinearW4A16's own kernel: with and without an expert id dtype in the
+    config, the kernels share their K loop (the same SASS loop, registers within the routed kernel's few more)."""
+    from registers import compiled_registers_all
+
+    args = "fmt='mxfp4', mx_fold=True, mx_fold_redo=True, max_registers=48, w_l2_prefetch=128, k_warps=8"
+    base = compiled_registers_all("linear_w4a16", "LinearW4A16", args, tmp_path / "a")
+    routed = compiled_registers_all("linear_w4a16_experts", "LinearW4A16Experts", args + ", experts='i64'",
+                                    tmp_path / "b", "linear_w4a16", "LinearW4A16Config")
+    assert base == routed == [48]
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("kw", [dict(fmt="mxfp4", mx_fold=True, mx_fold_redo=True, bias=True),
+                                dict(fmt="nvfp4", global_scale=True, k_parts=2, x_dtype="fp16")], ids=["mx", "nv"])
+@pytest.mark.parametrize("ids", ["i32", "i64"])
+def test_ptx_facts(tmp_path, arch, kw, ids):
+    """The routed kernel reads its slot's id once (a 4- or 8-byte load), multiplies by tensor cores, stores y, and
+    has no float atomics; NaN (selected as the output's, fp32's or bf16's/fp16's) is its answer for an id out of range."""
+    from registers import compiled_ptx
+
+    tmp_path.mkdir(exist_ok=True)
+    ptx = compiled_ptx("linear_w4a16_experts", "LinearW4A16Experts", {**kw, "experts": ids}, arch, tmp_path,
+                       "linear_w4a16", "LinearW4A16Config")
+    assert "mma.sync.aligned.m16n8k16" in ptx
+    assert ("ld.global.b64" in ptx or "ld.global.u64" in ptx or "ld.global.s64" in ptx) == (ids == "i64")
+    assert "atom.global.add.f32" not in ptx and "red.global.add.f32" not in ptx
+    assert re.search(r"selp\.(b16|b32|f32)\s+%\w+, %\w+, (0x7FC0|0x7E00|0f7FC00000|0f7FFFFFFF), %p", ptx)
+
+
+# ---------------------------------------------------------------- on the GPU
+
+
+def _assert_close(y, a):
+    """Within fp32 accumulation error plus one rounding to x's dtype of the reference, elementwise."""
+    ref = experts_reference(**{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in a.items()}).double()
+    w = torch.stack([dequantize(a["weight"][e].cpu(), a["weight_scale"][e].cpu(), a["fmt"], "plain",
+                                None if a["global_scale"] is None else a["global_scale"][e].cpu())
+                     for e in range(a["weight"].shape[0])]).double()
+    ids = a["expert_ids"].cpu().long()
+    magnitude = torch.einsum("tk,tjnk->tjn", a["x"].cpu().double().abs(), w[ids].abs())
+    ulp = 2.0 ** -(7 if a["x"].dtype == torch.bfloat16 else 10)
+    err = (y.cpu().double() - ref).abs()
+    assert (err <= 1e-5 * magnitude + ulp * ref.abs() + 1e-30).all(), err.max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("e,n,k,t,top_k", [(5, 72, 128, 1, 1), (4, 200, 2880, 3, 2), (8, 130, 4096, 16, 4),
+                                           (32, 2880, 2880, 1, 4), (3, 1, 64, 5, 3), (6, 520, 7168, 2, 6)])
+def test_gpu_matches_reference(fmt, dtype, e, n, k, t, top_k):
+    for ids_dtype, gs, bias in ((torch.int64, True, True), (torch.int32, False, False)):
+        a = operands(fmt, e, n, k, t, top_k, dtype, ids_dtype, gs, bias, device="cuda")
+        y = fp4_experts_linear(**a)
+        assert y.shape == (t, top_k, n) and y.dtype == dtype
+        _assert_close(y, a)
+        assert torch.equal(torch.ops.nvfp4_gemv.fp4_experts_linear(*op_args(a)), y)
+
+
+@pytest.mark.gpu
+def test_gpu_bad_ids_give_nan_rows_only():
+    a = operands("nvfp4", t=4, top_k=3, device="cuda")
+    good = fp4_experts_linear(**a)
+    ids = a["expert_ids"].clone()
+    ids[1, 2], ids[3, 0] = 5, -1
+    y = fp4_experts_linear(**{**a, "expert_ids": ids})
+    bad = torch.zeros(4, 3, dtype=torch.bool)
+    bad[1, 2] = bad[3, 0] = True
+    assert y[bad.cuda()].isnan().all()
+    assert torch.equal(y[~bad.cuda()], good[~bad.cuda()])
+    huge = a["expert_ids"].clone()
+    huge[0, 0] = 2**32  # an int64 id is compared whole, not truncated to 0
+    assert fp4_experts_linear(**{**a, "expert_ids": huge})[0, 0].isnan().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpu_past_16_tokens_groups_by_expert(fmt):
+    a = operands(fmt, e=6, n=256, k=512, t=40, top_k=4, device="cuda")
+    _assert_close(fp4_experts_linear(**a), a)
+    a["expert_ids"][3, 1] = 6
+    with pytest.raises(ValueError, match=r"^expert_ids: expected values in \[0, 6\)"):
+        fp4_experts_linear(**a)
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_graph_compile_and_repeats():
+    """Captured once, replayed with other ids and x in the same buffers; torch.compile(fullgraph); 100 calls
+    bit-identical."""
+    a = operands("mxfp4", e=8, n=384, k=2880, t=4, top_k=4, device="cuda")
+    x, ids = a["x"].clone(), a["expert_ids"].clone()
+    call = lambda: fp4_experts_linear(x, a["weight"], a["weight_scale"], ids, "mxfp4", None, a["bias"])  # noqa
+    first = call()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    b = operands("mxfp4", e=8, n=384, k=2880, t=4, top_k=4, seed=1, device="cuda")
+    x.copy_(b["x"]), ids.copy_(b["expert_ids"])
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_close(out, {**a, "x": b["x"], "expert_ids": b["expert_ids"]})
+    torch._dynamo.reset()
+    f = torch.compile(lambda xx, ii: fp4_experts_linear(xx, a["weight"], a["weight_scale"], ii, "mxfp4", None,
+                                                             a["bias"]), fullgraph=True)
+    assert torch.equal(f(a["x"], a["expert_ids"]), first)
+    for _ in range(100):
+        assert torch.equal(fp4_experts_linear(**a), first)
