@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from nvfp4_gemv.linear import fp4_experts_linear
+from nvfp4_gemv.linear import FP4Experts, fp4_experts_linear
 from nvfp4_gemv.linear.experts import EXPERTS_MAX_TOKENS, EagerExperts, experts_reference, validate_experts
 from nvfp4_gemv.linear.reference import dequantize, linear_reference
 
@@ -112,6 +112,22 @@ def test_no_gradients():
         fp4_experts_linear(**a)
     with torch.no_grad():
         assert torch.equal(fp4_experts_linear(**a), experts_reference(**{**a, "x": a["x"].detach()}))
+
+
+def test_module():
+    a = operands("nvfp4", t=4, top_k=3)
+    mod = FP4Experts(a["weight"], a["weight_scale"], "nvfp4", a["global_scale"], a["bias"])
+    assert mod.weight is a["weight"] and (mod.experts, mod.in_features, mod.out_features) == (5, 128, 72)
+    assert "experts=5, in_features=128, out_features=72, fmt=nvfp4, bias=True" in repr(mod)
+    assert torch.equal(mod(a["x"], a["expert_ids"]), experts_reference(**a))
+    gs = a["global_scale"].clone()
+    gs[3] = float("inf")
+    with pytest.raises(ValueError, match=r"^global_scale: expected finite values, got inf for expert 3"):
+        FP4Experts(a["weight"], a["weight_scale"], "nvfp4", gs)
+    with pytest.raises(ValueError, match=r"^bias: expected dtype torch\.float16"):
+        FP4Experts(a["weight"], a["weight_scale"], "nvfp4", bias=a["bias"], dtype=torch.float16)
+    with pytest.raises(ValueError, match=r"^dtype: expected one of"):
+        FP4Experts(a["weight"], a["weight_scale"], "nvfp4", dtype=torch.float32)
 
 
 # ---------------------------------------------------------------- bad input: ValueError naming the tensor

@@ -107,6 +107,15 @@ def test_gpt_oss_experts(tmp_path):
             assert (np.abs(y.double().numpy() - y64) <= bound).all()
             outs.append(y)
         assert not torch.equal(outs[0], outs[1])  # the experts differ: the E index is honoured
+        # stacked: one module over the same bytes, every routed slot in one call
+        stack = load_gpt_oss_experts(sd, "model.layers.0.mlp.experts", proj, stacked=True)
+        assert stack.weight.data_ptr() == loaded.data_ptr() and stack.weight.shape == (experts, rows, k // 2)
+        assert (stack.experts, stack.in_features, stack.out_features, stack.fmt) == (experts, k, rows, "mxfp4")
+        ids = torch.tensor([[1, 0], [0, 0], [1, 1]])
+        y = stack(x, ids)
+        want = torch.stack([torch.stack([outs[e][t] for e in ids[t].tolist()]) for t in range(3)])
+        ulp = 2.0**-7  # the same fp32 sums as each expert's module, in another order: one rounding apart at most
+        assert ((y.double() - want.double()).abs() <= ulp * want.double().abs() + 1e-3).all()
 
 
 def test_gpt_oss_from_quantizer_round_trip(tmp_path):
@@ -168,6 +177,13 @@ def test_loader_errors(tmp_path):
         load_gpt_oss_experts({"e.down_proj_blocks": blocks,
                               "e.down_proj_scales": torch.zeros(2, 8, 4, dtype=torch.uint8),
                               "e.down_proj_bias": torch.zeros(8, 2, dtype=torch.bfloat16).t()}, "e", "down_proj")
+    with pytest.raises(ValueError, match=r"^e\.down_proj_bias \(bias\): expected dtype torch\.bfloat16"):
+        load_gpt_oss_experts({"e.down_proj_blocks": blocks,
+                              "e.down_proj_scales": torch.zeros(2, 8, 4, dtype=torch.uint8),
+                              "e.down_proj_bias": torch.zeros(2, 8)}, "e", "down_proj", stacked=True)
+    with pytest.raises(ValueError, match=r"^e\.down_proj_scales \(weight_scale\): expected dtype"):
+        load_gpt_oss_experts({"e.down_proj_blocks": blocks, "e.down_proj_scales": torch.zeros(2, 8, 4)}, "e",
+                             "down_proj", stacked=True)
     with pytest.raises(ValueError, match=r"^e\.down_proj_bias: expected shape \(2, 8\)"):
         load_gpt_oss_experts({"e.down_proj_blocks": blocks, "e.down_proj_scales": torch.zeros(2, 8, 4),
                               "e.down_proj_bias": torch.zeros(8)}, "e", "down_proj")

@@ -13,7 +13,7 @@ and launch) and `prefill` (from 128 tokens: W dequantized in chunks, then cuBLAS
 CUDA call; importing this package imports no CuTe DSL.
 """
 
-from nvfp4_gemv.linear.experts import fp4_experts_linear
+from nvfp4_gemv.linear.experts import FP4Experts, fp4_experts_linear
 from nvfp4_gemv.linear.loaders import (
     load_compressed_tensors_nvfp4,
     load_gpt_oss_experts,
@@ -27,6 +27,7 @@ from nvfp4_gemv.linear.reference import dequantize, linear_reference
 from nvfp4_gemv.linear.validate import validate_linear
 
 __all__ = [
+    "FP4Experts",
     "FP4Linear",
     "dequantize",
     "fp4_experts_linear",

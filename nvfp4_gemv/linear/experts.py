@@ -23,6 +23,7 @@ which raises on a bad id as well. Each expert's result equals `fp4_linear` of it
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from nvfp4_gemv.linear.formats import ACTIVATION_DTYPES, K_ALIGN, WEIGHT_DTYPES, format_of
 from nvfp4_gemv.linear.reference import dequantize
@@ -32,7 +33,7 @@ EXPERTS_OP_NAME = "nvfp4_gemv::fp4_experts_linear"
 EXPERTS_MAX_TOKENS = 16  # tokens a call takes in one routed launch; past it, each expert's tokens together
 ID_DTYPES = (torch.int32, torch.int64)
 
-__all__ = ["EXPERTS_MAX_TOKENS", "experts_reference", "fp4_experts_linear", "validate_experts"]
+__all__ = ["EXPERTS_MAX_TOKENS", "FP4Experts", "experts_reference", "fp4_experts_linear", "validate_experts"]
 
 
 def validate_experts(x, weight, weight_scale, expert_ids, fmt, global_scale=None, bias=None, *,
@@ -216,3 +217,39 @@ def fp4_experts_linear(x, weight, weight_scale, expert_ids, fmt="mxfp4", global_
     if isinstance(x, torch.Tensor) and x.device.type == "cuda":
         return EAGER(x, weight, weight_scale, expert_ids, fmt, global_scale, bias)
     return experts_reference(x, weight, weight_scale, expert_ids, fmt, global_scale, bias)
+
+
+class FP4Experts(nn.Module):
+    """The experts of one MoE projection as one module: `forward(x (T, K), expert_ids (T, top_k))` gives
+    (T, top_k, N) through fp4_experts_linear (the routing weights and the sum over top_k are the caller's).
+
+    Buffers `weight` (E, N, K/2), `weight_scale`, `global_scale` (NVFP4: (E,) fp32 or None) and `bias` ((E, N) in
+    `dtype` or None) are the tensors given (views, never copied), checked as fp4_experts_linear takes them with x of
+    `dtype`; the global scales are checked for NaN and infinity once, here."""
+
+    def __init__(self, weight, weight_scale, fmt: str, global_scale=None, bias=None, dtype=torch.bfloat16):
+        super().__init__()
+        if dtype not in ACTIVATION_DTYPES:
+            raise ValueError(f"dtype: expected one of {ACTIVATION_DTYPES} (the activations' dtype), got {dtype!r}")
+        k = 2 * weight.shape[-1] if isinstance(weight, torch.Tensor) and weight.dim() else 0
+        device = weight.device if isinstance(weight, torch.Tensor) else None
+        x = torch.empty(0, k, dtype=dtype, device=device)
+        _, _, self.experts, self.out_features, self.in_features = validate_experts(
+            x, weight, weight_scale, torch.empty(0, 1, dtype=torch.int64, device=device), fmt, global_scale, bias)
+        if global_scale is not None and global_scale.device.type != "meta":  # one read (a sync on CUDA)
+            bad = (~torch.isfinite(global_scale)).nonzero().flatten().tolist()
+            if bad:
+                raise ValueError(f"global_scale: expected finite values, got {global_scale[bad[0]].item()!r} for "
+                                 f"expert {bad[0]}")
+        self.fmt = format_of(fmt).name
+        for name, t in (("weight", weight), ("weight_scale", weight_scale), ("global_scale", global_scale),
+                        ("bias", bias)):
+            self.register_buffer(name, t)
+
+    def forward(self, x, expert_ids):
+        return fp4_experts_linear(x, self.weight, self.weight_scale, expert_ids, self.fmt, self.global_scale,
+                                  self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.experts}, in_features={self.in_features}, out_features={self.out_features}, "
+                f"fmt={self.fmt}, bias={self.bias is not None}")

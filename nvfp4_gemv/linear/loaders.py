@@ -11,12 +11,14 @@ reciprocal as well, and for zero), and an error names the state dict's key (and 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 
 import torch
 from torch import nn
 
+from nvfp4_gemv.linear.experts import FP4Experts
 from nvfp4_gemv.linear.module import FP4Linear, activation_dtype_of
 
 __all__ = ["load_compressed_tensors_nvfp4", "load_gpt_oss_experts", "load_modelopt_nvfp4", "replace_linears"]
@@ -32,16 +34,23 @@ def _prefixed(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _module(keys: Mapping[str, str], *args) -> FP4Linear:
-    """FP4Linear.from_quantized(*args), its errors naming the checkpoint's keys: `keys` maps an argument name
-    (weight, weight_scale, global_scale, bias) to the key that gave it."""
+@contextlib.contextmanager
+def _keys_named(keys: Mapping[str, str]):
+    """Within: a ValueError naming an argument (weight, weight_scale, global_scale, bias) names the checkpoint key
+    that gave it instead (`keys` maps one to the other)."""
     try:
-        return FP4Linear.from_quantized(*args)
+        yield
     except ValueError as e:
         arg, sep, rest = str(e).partition(": ")
         if sep and arg in keys:
             raise ValueError(f"{keys[arg]} ({arg}): {rest}") from None
         raise
+
+
+def _module(keys: Mapping[str, str], *args) -> FP4Linear:
+    """FP4Linear.from_quantized(*args), its errors naming the checkpoint's keys (_keys_named)."""
+    with _keys_named(keys):
+        return FP4Linear.from_quantized(*args)
 
 
 def load_modelopt_nvfp4(state_dict: Mapping, prefix: str, dtype: torch.dtype = torch.bfloat16) -> FP4Linear:
@@ -80,11 +89,12 @@ def load_compressed_tensors_nvfp4(state_dict: Mapping, prefix: str,
     )  # fmt: skip
 
 
-def load_gpt_oss_experts(state_dict: Mapping, prefix: str, proj: str,
-                         dtype: torch.dtype = torch.bfloat16) -> list[FP4Linear]:
+def load_gpt_oss_experts(state_dict: Mapping, prefix: str, proj: str, dtype: torch.dtype = torch.bfloat16,
+                         stacked: bool = False) -> list[FP4Linear] | FP4Experts:
     """One FP4Linear per expert of a gpt-oss MXFP4 projection: `{prefix}.{proj}_blocks` uint8 [E, rows, K/32, 16]
     and `{prefix}.{proj}_scales` uint8 [E, rows, K/32], with `proj` "gate_up_proj" or "down_proj", and the
-    optional `{prefix}.{proj}_bias` [E, rows].
+    optional `{prefix}.{proj}_bias` [E, rows]. With `stacked`, one FP4Experts of all of them instead (blocks viewed
+    as (E, rows, K/2)): a decode step's routed slots in one launch (`fp4_experts_linear`).
 
     Expert e's weight is blocks[e] viewed as (rows, K/2) and its scales scales[e]: views of the state dict's
     tensors, no copy. Each expert's bytes start 16-byte aligned on CUDA only if rows·K/32 is a multiple of 16
@@ -110,6 +120,9 @@ def load_gpt_oss_experts(state_dict: Mapping, prefix: str, proj: str,
     if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (experts, rows)):
         got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
         raise ValueError(f"{bias_name}: expected shape {(experts, rows)}, got {got}")
+    if stacked:
+        with _keys_named({"weight": blocks_name, "weight_scale": scales_name, "bias": bias_name}):
+            return FP4Experts(blocks.view(experts, rows, kb * 16), scales, "mxfp4", None, bias, dtype)
     return [
         _module({"weight": f"{blocks_name}[{e}]", "weight_scale": f"{scales_name}[{e}]", "bias": f"{bias_name}[{e}]"},
                 blocks[e].view(rows, kb * 16), scales[e], "mxfp4", None, None if bias is None else bias[e], "plain",
