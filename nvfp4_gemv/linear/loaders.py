@@ -2,7 +2,8 @@
 
 Three layouts (../DECODE.md has them in full): ModelOpt NVFP4 (`weight`, `weight_scale`, `weight_scale_2`), the
 compressed-tensors NVFP4 (`weight_packed`, `weight_scale`, `weight_global_scale` stored as the reciprocal) and the
-gpt-oss MXFP4 experts (`*_blocks` [E, rows, K/32, 16], `*_scales` [E, rows, K/32]); `replace_linears` swaps a
+gpt-oss MXFP4 experts (`*_blocks` [E, rows, K/32, 16], `*_scales` [E, rows, K/32]; a module per expert, or one
+FP4Experts of them all); `replace_linears` swaps a
 whole model's nn.Linear modules for the first two. The weight and scale tensors
 of the state dict become the modules' buffers as they are (views, never copies), so they must already sit where
 the modules will run. Tensor scales are checked for NaN and infinity here, once (compressed-tensors' stored
