@@ -43,9 +43,11 @@ class LinearW4A16Experts(LinearW4A16):
     global scales (E,) fp32, bias (E·N,), ids (T·top_k,) of the config's id dtype)."""
 
     @staticmethod
-    def can_implement(m: int, n: int, k: int, experts: int = 1) -> bool:
-        """LinearW4A16.can_implement of the stacked weight (E·N rows)."""
-        return LinearW4A16.can_implement(m, n * experts, k)
+    def can_implement(tokens: int, slots: int, n: int, k: int, experts: int) -> bool:
+        """As LinearW4A16's, with the stacked weight (E·N rows) and y of `slots` rows: every int32 offset the kernel
+        forms fits (x's words T·K/2, W's E·N·K/8, y's slots·N elements)."""
+        return (tokens >= 1 and slots >= 1 and n >= 1 and experts >= 1 and k >= 64 and k % 64 == 0
+                and tokens * k < 2**32 and experts * n * k < 2**34 and slots * n < 2**31)
 
     @staticmethod
     def fake_operands(config):

@@ -246,6 +246,11 @@ def test_experts_config():
         assert (c.token_tiles, c.block_columns, c.x_fragments, c.m_major) == (1, False, False, False)
     with pytest.raises(ValueError, match="experts must be"):
         kernels.LinearW4A16Config(experts="i64", token_tiles=2)
+    can = kernels.LinearW4A16Experts.can_implement
+    assert can(16, 128, 5760, 2880, 128)  # gpt-oss-120b's gate_up, 16 tokens of 8 experts
+    assert not can(1, 4, 2**20, 2**10, 2**4)  # W's words past int32: E·N·K = 2^34
+    assert not can(1, 2**16, 2**15, 64, 1)  # y's elements past int32: slots·N = 2^31
+    assert not can(1, 1, 8, 96, 1)  # K not a multiple of 64
 
 
 def test_base_kernel_unchanged_by_routes(tmp_path):

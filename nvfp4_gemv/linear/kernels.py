@@ -802,9 +802,10 @@ def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, ha
                 launch(out2d[t0 * top_k:t1 * top_k], x2d[t0:t1], weight_u8, scale, global_scale, bias,
                        ids[t0 * top_k:t1 * top_k])
             return
-        if not LinearW4A16Experts.can_implement(t, n, k, experts):
-            raise ValueError(f"fp4_experts_linear: (T, E·N, K) = ({t}, {experts * n}, {k}) is too large for the kernel: "
-                             f"{LinearW4A16.can_implement.__doc__} Split the experts or the call.")
+        if not LinearW4A16Experts.can_implement(t, slots, n, k, experts):
+            raise ValueError(f"fp4_experts_linear: (T, slots, E, N, K) = ({t}, {slots}, {experts}, {n}, {k}) is too "
+                             f"large for the kernel: {LinearW4A16Experts.can_implement.__doc__} Split the experts or "
+                             f"the call.")
         fn = plans.get(slots)
         if fn is None:
             cfg = experts_config(slots, n, k, fmt, xd, idd, has_bias, has_global_scale, sm_count(device.index),
