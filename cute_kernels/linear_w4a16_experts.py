@@ -14,8 +14,6 @@ An id outside [0, E) reads expert 0's bytes and stores NaN in its slot's row: no
 answer. The sums, the K order and the split over warps are those of `LinearW4A16` with the same config.
 """
 
-from dataclasses import dataclass
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64
@@ -26,16 +24,33 @@ from cute_kernels.linear_w4a16 import LinearW4A16, fake_weight_operands
 ID_DTYPES = {"i32": Int32, "i64": Int64}
 
 
-@dataclass
 class Route:
-    """Where one CTA's work comes from: its slot (y's row), the token (x's row), the expert, the expert's first row
-    of W, and whether the id was in range."""
+    """Where one CTA's work comes from, each value formed where it is used (so the K loop holds only the expert
+    id): the slot (y's row, the CTA's grid y), the token (x's row), the expert (id -1 stands for one out of range:
+    expert 0's bytes, NaN stored), the expert's first row of W, and whether the id was in range."""
 
-    slot: Int32
-    token: Int32
-    expert: Int32
-    row_base: Int32
-    valid: cutlass.Boolean
+    def __init__(self, expert, top_k, n):
+        self._e, self._top_k, self._n = expert, top_k, n
+
+    @property
+    def slot(self):
+        return cute.arch.block_idx()[1]
+
+    @property
+    def token(self):
+        return self.slot // self._top_k
+
+    @property
+    def expert(self):
+        return cutlass.max(self._e, Int32(0))
+
+    @property
+    def row_base(self):
+        return self.expert * self._n
+
+    @property
+    def valid(self):
+        return self._e >= Int32(0)
 
 
 class LinearW4A16Experts(LinearW4A16):
@@ -82,5 +97,5 @@ class LinearW4A16Experts(LinearW4A16):
         dt = ID_DTYPES[self.cfg.experts]
         raw = mIds[slot]
         valid = raw >= dt(0) and raw < dt(experts)  # in the ids' own width: an int64 id is never truncated first
-        e = Int32(cutlass.select_(valid, raw, dt(0)))
-        self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(slot, slot // top_k, e, e * n, valid))
+        e = Int32(cutlass.select_(valid, raw, dt(-1)))
+        self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(e, top_k, n))

@@ -120,6 +120,7 @@ def test_module():
     assert mod.weight is a["weight"] and (mod.experts, mod.in_features, mod.out_features) == (5, 128, 72)
     assert "experts=5, in_features=128, out_features=72, fmt=nvfp4, bias=True" in repr(mod)
     assert torch.equal(mod(a["x"], a["expert_ids"]), experts_reference(**a))
+    assert mod.path(4, 3) == "reference (cpu)"
     gs = a["global_scale"].clone()
     gs[3] = float("inf")
     with pytest.raises(ValueError, match=r"^global_scale: expected finite values, got inf for expert 3"):
@@ -251,6 +252,23 @@ def test_experts_config():
     assert not can(1, 4, 2**20, 2**10, 2**4)  # W's words past int32: E·N·K = 2^34
     assert not can(1, 2**16, 2**15, 64, 1)  # y's elements past int32: slots·N = 2^31
     assert not can(1, 1, 8, 96, 1)  # K not a multiple of 64
+
+
+def test_routed_configs_fit_the_resident_warp_model(tmp_path):
+    """The routed kernel's configs over the bench's MoE shapes and 1-16 tokens (both formats, both x dtypes) meet
+    the same register and spill bounds as the dispatched linear's: the route adds a few registers, no CTAs."""
+    from nvfp4_gemv.linear import kernels
+    from nvfp4_gemv.linear.bench import EXPERT_SHAPES
+    from test_linear_kernel import assert_configs_fit, config_key
+
+    configs = {}
+    for e, n, k, top_k, _ in EXPERT_SHAPES:
+        for t in (1, 2, 4, 8, 16):
+            for fmt in FORMATS:
+                for xd in ("bf16", "fp16"):
+                    c = kernels.experts_config(t * top_k, n, k, fmt, xd, "i64", False, fmt == "nvfp4")
+                    configs.setdefault(config_key(c), c)
+    assert_configs_fit(configs.values(), tmp_path)
 
 
 def test_base_kernel_unchanged_by_routes(tmp_path):

@@ -482,11 +482,7 @@ def test_dispatched_configs_fit_the_resident_warp_model(tmp_path):
     one-group cap (1 spill instruction in the loop with bf16 x, 4 with fp16) and the scale fold's (mx_fold_cap: 2-25
     in the fold's loop; the general loop after it, which a warp runs only to redo its K, up to 54);
     BENCHMARKS.md, "Fewer registers at 16 tokens a CTA"."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from nvfp4_gemv.dispatch import ctas_per_sm
     from nvfp4_gemv.linear.bench import SHAPES
-    from registers import allocation, compiled_registers_all, k_loop_spills
 
     configs = {}
     for (n, k), m, fmt, xd in itertools.product(
@@ -494,23 +490,40 @@ def test_dispatched_configs_fit_the_resident_warp_model(tmp_path):
         ("nvfp4", "mxfp4"), ("bf16", "fp16"),
     ):
         c = kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4", kernels.H200_SMS)
-        key = (c.fmt, c.x_dtype, c.groups, c.token_tiles, c.k_parts, c.acc_sets, c.x_fragments, c.mx_fold,
-               c.block_columns, c.max_registers, c.k_warps, c.k_splits > 1)
-        configs.setdefault(key, c)
+        configs.setdefault(config_key(c), c)
+    assert_configs_fit(configs.values(), tmp_path)
+
+
+def config_key(c) -> tuple:
+    """What sets a linear config's registers and loop: one compile stands for every config of the same key."""
+    return (c.fmt, c.x_dtype, c.groups, c.token_tiles, c.k_parts, c.acc_sets, c.x_fragments, c.mx_fold,
+            c.block_columns, c.max_registers, c.k_warps, c.k_splits > 1, c.experts)
+
+
+def assert_configs_fit(configs, tmp_path):
+    """Each config's registers (sm_90a, ptxas) let an SM hold the CTAs the resident-warp model counts, and its K loop
+    spills nothing but at the register caps taken for warps (test_dispatched_configs_fit_the_resident_warp_model)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nvfp4_gemv.dispatch import ctas_per_sm
+    from registers import allocation, compiled_registers_all, k_loop_spills
+
+    configs = list(configs)
 
     def registers(i_c):
         i, c = i_c
         mod, cls = (("linear_w4a16_columns", "LinearW4A16Columns") if c.block_columns else
                     ("linear_w4a16_fragments", "LinearW4A16Fragments") if c.x_fragments else
+                    ("linear_w4a16_experts", "LinearW4A16Experts") if c.experts else
                     ("linear_w4a16", "LinearW4A16"))
         args = ", ".join(f"{f.name}={getattr(c, f.name)!r}" for f in dataclasses.fields(c))
         regs = compiled_registers_all(mod, cls, args, tmp_path / f"c{i}", "linear_w4a16", "LinearW4A16Config")
         return allocation(max(regs)), k_loop_spills(tmp_path / f"c{i}")
 
     with ThreadPoolExecutor(2) as pool:  # each compile runs in its own child process
-        got = list(pool.map(registers, enumerate(configs.values())))
+        got = list(pool.map(registers, enumerate(configs)))
     short, spilled = [], []
-    for c, (regs, spills) in zip(configs.values(), got):
+    for c, (regs, spills) in zip(configs, got):
         counted = kernels.resident_warps(c.groups, c.k_warps, c.token_tiles, c.max_registers,
                                          c.fmt if c.block_columns else "",
                                          kernels.fragments_key(c.x_dtype, c.mx_fold) if c.x_fragments else "")

@@ -250,6 +250,25 @@ class FP4Experts(nn.Module):
         return fp4_experts_linear(x, self.weight, self.weight_scale, expert_ids, self.fmt, self.global_scale,
                                   self.bias)
 
+    def path(self, tokens: int, top_k: int, dtype: torch.dtype | None = None) -> str:
+        """Which kernel serves a call of `tokens` tokens routed to `top_k` experts each, with x in `dtype` (default:
+        the bias's, else bf16), in words."""
+        if dtype is None:
+            dtype = self.bias.dtype if self.bias is not None else torch.bfloat16
+        device = self.weight.device
+        if device.type != "cuda":
+            return f"reference ({device.type})"
+        if tokens > EXPERTS_MAX_TOKENS:
+            return (f"{tokens} tokens > {EXPERTS_MAX_TOKENS}: the ids read on the host (one sync), each named expert's "
+                    f"tokens through fp4_linear together (FP4Linear.path of that many rows)")
+        from nvfp4_gemv.linear import kernels
+
+        slots = tokens * top_k
+        one = kernels.describe(1, self.out_features * slots, self.in_features, self.fmt, dtype, device,
+                               block_columns=False, x_fragments=False)
+        return (f"linear_w4a16_experts: one launch of {slots} (token, expert) slots, each CTA the expert its id names, "
+                f"split as one token over {slots} x {self.out_features} rows: " + one)
+
     def extra_repr(self) -> str:
         return (f"experts={self.experts}, in_features={self.in_features}, out_features={self.out_features}, "
                 f"fmt={self.fmt}, bias={self.bias is not None}")
