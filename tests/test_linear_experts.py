@@ -355,6 +355,10 @@ def test_gpu_past_16_tokens_groups_by_expert(fmt):
     a["expert_ids"][3, 1] = 6
     with pytest.raises(ValueError, match=r"^expert_ids: expected values in \[0, 6\)"):
         fp4_experts_linear(**a)
+    a["expert_ids"][3, 1] = 0
+    with pytest.raises(ValueError, match=r"^expert_ids: 40 tokens are grouped by expert on the host"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            fp4_experts_linear(**a)
 
 
 @pytest.mark.gpu
