@@ -321,8 +321,9 @@ def compile_kernel(kernel_cls, config, tgt, *, call: str = "tvm_ffi", stream=Non
 
     call "tvm_ffi": compiled on `kernel_cls.fake_operands(config)`; the result takes torch tensors (TVM-FFI checks
     their dtype, shape, strides, device and alignment; call it through `raw_function`). call "pointers": compiled
-    through `OnPointers`; the result takes the operands' data_ptr()s and M, K, L (the caller validates). stream None: the default stream; "torch": torch's current stream
-    (TVM-FFI). `options` are extra compile options; a call that gives any is not cached (e.g. a PTX dump).
+    through `OnPointers`; the result takes the operands' data_ptr()s and M, K, L (the caller validates). stream None:
+    the default stream; "torch": torch's current stream (TVM-FFI). `options` are extra compile options; a call that
+    gives any is not cached (e.g. a PTX dump).
     """
     tgt = target(tgt)
     if call not in CALLS:

@@ -307,8 +307,8 @@ class LinearW4A16Columns(LinearW4A16):
         return 2 * self.cfg.groups  # rows r and r + 8 of each group, one token
 
     def store_sums(self, sum_of, sum_args, fx, mGS, row0, r, c, bidy, mY, mBias, m, n):
-        """(LinearW4A16.store_sums for block columns.) Rows r, r + 8 of each group, token c / 2: this lane's two columns plus its neighbour's (lane c ^ 1), in
-        that order for even c, which stores."""
+        """(LinearW4A16.store_sums for block columns.) Rows r, r + 8 of each group, token c / 2: this lane's two
+        columns plus its neighbour's (lane c ^ 1), in that order for even c, which stores."""
         cfg = self.cfg
         factor = self.output_factor(mGS)
         for g in range(cfg.groups):

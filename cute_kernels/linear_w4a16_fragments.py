@@ -17,7 +17,6 @@ Tokens past M (the kernel repeats the last one) and the K past a last half step 
 never read, so the pass writes only the M x K elements.
 """
 
-import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 

@@ -7,10 +7,10 @@
     layer = FP4Linear.from_linear(nn_linear, "mxfp4")                      # a drop-in for nn.Linear
 
 Modules: `formats` (the two formats as data), `validate` (metadata checks), `reference` (fp32 dequantize and
-linear), `op` (the torch op and the eager path), `experts` (routed experts of a MoE layer), `module` (FP4Linear), `quantize`, `loaders` (ModelOpt,
-compressed-tensors, gpt-oss; `replace_linears` for a whole model), and on CUDA `kernels` (the fp4 kernel's config
-and launch) and `prefill` (from 128 tokens: W dequantized in chunks, then cuBLAS). The CUDA kernels load on the first
-CUDA call; importing this package imports no CuTe DSL.
+linear), `op` (the torch op and the eager path), `experts` (routed experts of a MoE layer), `module` (FP4Linear),
+`quantize`, `loaders` (ModelOpt, compressed-tensors, gpt-oss; `replace_linears` for a whole model), and on CUDA
+`kernels` (the fp4 kernel's config and launch) and `prefill` (from 128 tokens: W dequantized in chunks, then
+cuBLAS). The CUDA kernels load on the first CUDA call; importing this package imports no CuTe DSL.
 """
 
 from nvfp4_gemv.linear.experts import FP4Experts, fp4_experts_linear

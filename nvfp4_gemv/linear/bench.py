@@ -896,8 +896,8 @@ def _expert_ids(e: int, t: int, top_k: int, calls: int, device="cuda"):
 
 
 def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, dtype=torch.bfloat16, csv_path=None, log=print):
-    """µs per call of `fp4_experts_linear` (one launch) at every (E, N, K, top_k, format) and T, against the read of the
-    bytes of the experts a call names and the loop users write with one module an expert (an fp4_linear a (token,
+    """µs per call of `fp4_experts_linear` (one launch) at every (E, N, K, top_k, format) and T, against the read of
+    the bytes of the experts a call names and the loop users write with one module an expert (an fp4_linear a (token,
     expert) slot, in the same graph timer). Eager host µs a call beside. Returns the rows."""
     from nvfp4_gemv.linear import fp4_experts_linear, fp4_linear
 

@@ -214,7 +214,8 @@ def fp4_experts_linear(x, weight, weight_scale, expert_ids, fmt="mxfp4", global_
     call is the op `nvfp4_gemv::fp4_experts_linear`."""
     if torch.compiler.is_compiling():
         return torch.ops.nvfp4_gemv.fp4_experts_linear(x, weight, weight_scale, expert_ids, fmt, global_scale, bias)
-    if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in (x, global_scale, bias)):
+    grads = any(isinstance(a, torch.Tensor) and a.requires_grad for a in (x, global_scale, bias))
+    if torch.is_grad_enabled() and grads:
         raise ValueError("fp4_experts_linear: no gradients are computed (an inference op); call it under "
                          "torch.no_grad() or torch.inference_mode(), or pass x, global_scale and bias detached")
     if isinstance(x, torch.Tensor) and x.device.type == "cuda":
