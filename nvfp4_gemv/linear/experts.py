@@ -153,7 +153,7 @@ class EagerExperts:
         t, top_k = expert_ids.shape
         e, n, kb = weight.shape
         if t > EXPERTS_MAX_TOKENS:
-            if torch.cuda.is_current_stream_capturing():
+            if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise ValueError(f"expert_ids: {t} tokens are grouped by expert on the host (a sync), which a CUDA "
                                  f"graph cannot capture; capture calls of at most {EXPERTS_MAX_TOKENS} tokens")
             return self.grouped(*args)

@@ -772,11 +772,20 @@ def run(out2d, x2d, weight_u8, scale, fmt, scale_layout, global_scale, bias, **o
 
 def experts_config(slots: int, n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias: bool, global_scale: bool,
                    sms: int = H200_SMS, **override) -> LinearW4A16Config:
-    """The config of one routed launch (LinearW4A16Experts): `slots` one-token CTAs a row tile of N rows, split as
-    config_for splits one token over N·slots rows (the same grid of CTAs), without the kernels that prepare x first."""
-    cfg = config_for(1, n * slots, k, fmt, "plain", x_dtype, bias, global_scale, sms,
-                     **{"block_columns": False, "x_fragments": False, **override})
+    """The config of one routed launch (LinearW4A16Experts): each slot's CTAs split one expert's N rows as a one-token
+    call of that expert would (config_for of (1, N, K)), but with one K part and at most EXPERTS_K_WARPS k-warps,
+    since `slots` times that call's CTAs fill the GPU where one call's may not; without the kernels that prepare x
+    first. Measured on an H100 (BENCHMARKS.md, "Routed experts"): within 7 % of the best of five splits at 17 of 18
+    points of the bench's MoE shapes at 1, 4 and 16 tokens, where splitting N·slots rows as one weight took up to
+    2.0 x the time (two groups, one k-warp) and the one-token call's own split up to 1.6 x (two K parts)."""
+    one = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, block_columns=False, x_fragments=False)
+    fields = {"groups": one.groups, "k_warps": min(one.k_warps, EXPERTS_K_WARPS), "k_parts": 1,
+              "block_columns": False, "x_fragments": False, **override}
+    cfg = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, **fields)
     return LinearW4A16Config(**{**cfg.__dict__, "experts": ids_dtype})
+
+
+EXPERTS_K_WARPS = 4
 
 
 # Slots of one routed launch at most: one CTA row a slot on the grid's y (at most 65535), so a call with more
