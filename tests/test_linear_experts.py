@@ -248,6 +248,10 @@ def test_experts_config():
         assert c.experts == "i64" and c.groups == one.groups and c.k_warps == min(one.k_warps, kernels.EXPERTS_K_WARPS)
         assert (c.k_parts, c.token_tiles, c.block_columns, c.x_fragments, c.m_major) == (1, 1, False, False, False)
         assert c.mx_fold == one.mx_fold and c.fmt == fmt and c.x_dtype == xd
+    said = kernels.describe_experts(16, 5760, 2880, "mxfp4", torch.bfloat16)
+    c = kernels.experts_config(16, 5760, 2880, "mxfp4", "bf16", "i64", False, False)
+    assert said.startswith("linear_w4a16_experts: one launch of 16 (token, expert) slots x ")
+    assert f"groups={c.groups} row_warps=1 k_warps={c.k_warps} token_tiles=1" in said and "k_parts" not in said
     with pytest.raises(ValueError, match="experts must be"):
         kernels.LinearW4A16Config(experts="i64", token_tiles=2)
     can = kernels.LinearW4A16Experts.can_implement

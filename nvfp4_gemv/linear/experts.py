@@ -267,11 +267,9 @@ class FP4Experts(nn.Module):
                     f"tokens through fp4_linear together (FP4Linear.path of that many rows)")
         from nvfp4_gemv.linear import kernels
 
-        slots = tokens * top_k
-        one = kernels.describe(1, self.out_features * slots, self.in_features, self.fmt, dtype, device,
-                               block_columns=False, x_fragments=False)
-        return (f"linear_w4a16_experts: one launch of {slots} (token, expert) slots, each CTA the expert its id names, "
-                f"split as one token over {slots} x {self.out_features} rows: " + one)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return kernels.describe_experts(tokens * top_k, self.out_features, self.in_features, self.fmt, dtype,
+                                        self.bias is not None, self.global_scale is not None, kernels.sm_count(index))
 
     def extra_repr(self) -> str:
         return (f"experts={self.experts}, in_features={self.in_features}, out_features={self.out_features}, "

@@ -788,6 +788,17 @@ def experts_config(slots: int, n: int, k: int, fmt: str, x_dtype: str, ids_dtype
 EXPERTS_K_WARPS = 4
 
 
+def describe_experts(slots: int, n: int, k: int, fmt: str, x_dtype, bias: bool = False, global_scale: bool = False,
+                     sms: int = H200_SMS) -> str:
+    """Which kernel and config serve a routed call of `slots` (token, expert) slots (FP4Experts.path), in words."""
+    cfg = experts_config(slots, n, k, fmt, _X_DTYPES.get(x_dtype, x_dtype), "i64", bias, global_scale, sms)
+    one = describe(1, n, k, fmt, x_dtype, groups=cfg.groups, k_warps=cfg.k_warps, k_parts=1, block_columns=False,
+                   x_fragments=False)
+    return (f"linear_w4a16_experts: one launch of {slots} (token, expert) slots x {-(-n // cfg.rows_per_cta)} row "
+            f"tiles, each CTA on the expert its id names, split as one expert's one-token call with one K part and at "
+            f"most {EXPERTS_K_WARPS} k-warps: " + one)
+
+
 # Slots of one routed launch at most: one CTA row a slot on the grid's y (at most 65535), so a call with more
 # (token, expert) slots is launched in chunks of whole tokens.
 SLOTS_CHUNK = 65535
