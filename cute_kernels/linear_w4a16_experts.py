@@ -8,7 +8,7 @@ CTA (row tile, slot s) reads expert e = ids[s] (int32 or int64, as the router gi
 stores y[s, rows] from the MMA's first column. The expert's global scale (NVFP4, (E,) fp32) and bias ((E, N)) are
 read at e as well. Nothing is sorted, counted or synchronised on the host, so the call takes CUDA-graph capture: a
 decode step with T tokens and top_k experts each is one launch of T·top_k·⌈N/rows⌉ CTAs, each expert's bytes read
-once a slot (slots of one expert read it again, mostly from L2).
+once a slot (slots that share an expert read it again, from DRAM unless the L2 still holds it).
 
 An id outside [0, E) reads expert 0's bytes and stores NaN in its slot's row: no read outside W, and no silent
 answer. The sums, the K order and the split over warps are those of `LinearW4A16` with the same config.

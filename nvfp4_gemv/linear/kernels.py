@@ -770,12 +770,12 @@ def run(out2d, x2d, weight_u8, scale, fmt, scale_layout, global_scale, bias, **o
          global_scale is not None, bias is not None, **override)(out2d, x2d, weight_u8, scale, global_scale, bias)
 
 
-def experts_config(slots: int, n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias: bool, global_scale: bool,
+def experts_config(n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias: bool, global_scale: bool,
                    sms: int = H200_SMS, **override) -> LinearW4A16Config:
-    """The config of one routed launch (LinearW4A16Experts): each slot's CTAs split one expert's N rows as a one-token
-    call of that expert would (config_for of (1, N, K)), but with one K part and at most EXPERTS_K_WARPS k-warps,
-    since `slots` times that call's CTAs fill the GPU where one call's may not; without the kernels that prepare x
-    first. Measured on an H100 (BENCHMARKS.md, "Routed experts"): within 7 % of the best of five splits at 17 of 18
+    """The config of a routed launch (LinearW4A16Experts), whatever its slot count: each slot's CTAs split one
+    expert's N rows as a one-token call of that expert would (config_for of (1, N, K)), but with one K part and at
+    most EXPERTS_K_WARPS k-warps, since slots times that call's CTAs fill the GPU where one call's may not; without
+    the kernels that prepare x first. Measured on an H100 (BENCHMARKS.md, "Routed experts"): within 7 % of the best of five splits at 17 of 18
     points of the bench's MoE shapes at 1, 4 and 16 tokens, where splitting N·slots rows as one weight took up to
     2.0 x the time (two groups, one k-warp) and the one-token call's own split up to 1.6 x (two K parts)."""
     one = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, block_columns=False, x_fragments=False)
@@ -791,7 +791,7 @@ EXPERTS_K_WARPS = 4
 def describe_experts(slots: int, n: int, k: int, fmt: str, x_dtype, bias: bool = False, global_scale: bool = False,
                      sms: int = H200_SMS) -> str:
     """Which kernel and config serve a routed call of `slots` (token, expert) slots (FP4Experts.path), in words."""
-    cfg = experts_config(slots, n, k, fmt, _X_DTYPES.get(x_dtype, x_dtype), "i64", bias, global_scale, sms)
+    cfg = experts_config(n, k, fmt, _X_DTYPES.get(x_dtype, x_dtype), "i64", bias, global_scale, sms)
     one = describe(1, n, k, fmt, x_dtype, groups=cfg.groups, k_warps=cfg.k_warps, k_parts=1, block_columns=False,
                    x_fragments=False)
     return (f"linear_w4a16_experts: one launch of {slots} (token, expert) slots x {-(-n // cfg.rows_per_cta)} row "
@@ -807,10 +807,11 @@ SLOTS_CHUNK = 65535
 def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, has_global_scale, has_bias, **override):
     """The routed launch of one call signature: `launch(out2d, x2d, weight_u8, scale, global_scale, bias, ids)` with
     out2d (T·top_k, N), x2d (T, K), the stacked weight (E·N, K/2) and scales (E·N, K/block) as bytes (NVFP4's may be
-    e4m3), global_scale (E,) fp32 or None, bias (E·N,) or None, ids (T·top_k,). One config a slot count, chosen and
-    compiled on its first call (experts_config)."""
-    plans = {}
-    xd, idd = _X_DTYPES[x_dtype], _ID_DTYPES[ids_dtype]
+    e4m3), global_scale (E,) fp32 or None, bias (E·N,) or None, ids (T·top_k,). One config for every slot count
+    (experts_config), compiled on the first call."""
+    plan = []
+    cfg = experts_config(n, k, fmt, _X_DTYPES[x_dtype], _ID_DTYPES[ids_dtype], has_bias, has_global_scale,
+                         sm_count(device.index), **{"sf_dtype": _SF_DTYPES[scale_dtype], **override})
 
     def launch(out2d, x2d, weight_u8, scale, global_scale, bias, ids):
         t, slots = x2d.shape[0], ids.shape[0]
@@ -826,12 +827,10 @@ def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, ha
             raise ValueError(f"fp4_experts_linear: (T, slots, E, N, K) = ({t}, {slots}, {experts}, {n}, {k}) is too "
                              f"large for the kernel: {LinearW4A16Experts.can_implement.__doc__} Split the experts or "
                              f"the call.")
-        fn = plans.get(slots)
-        if fn is None:
-            cfg = experts_config(slots, n, k, fmt, xd, idd, has_bias, has_global_scale, sm_count(device.index),
-                                 **{"sf_dtype": _SF_DTYPES[scale_dtype], **override})
-            fn = plans[slots] = raw_function(compile_kernel(LinearW4A16Experts, cfg, target(capability(device)),
-                                                            stream="torch"))
+        if not plan:
+            plan.append(raw_function(compile_kernel(LinearW4A16Experts, cfg, target(capability(device)),
+                                                    stream="torch")))
+        fn = plan[0]
         gs = _dummy(device, torch.float32) if global_scale is None else global_scale
         fn(x2d, weight_u8, scale, out2d, gs, _dummy(device, x_dtype) if bias is None else bias, ids)
 
