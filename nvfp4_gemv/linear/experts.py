@@ -16,8 +16,8 @@ the device: no sync, so the call takes CUDA-graph capture and torch.compile). An
 (t, j) row there, since checking it on the host would need a sync. Past EXPERTS_MAX_TOKENS tokens (prefill), where
 many slots share an expert, the ids are read on the host (one sync): each expert's tokens go through `fp4_linear`
 together, so its weight is read once a call, and a bad id raises ValueError. Other devices run the fp32 reference,
-which raises on a bad id as well. Each expert's result equals `fp4_linear` of its tokens within the same tolerance
-(the same kernels, split for the whole launch).
+which raises on a bad id as well. Each slot's result is within the same tolerance of the reference as `fp4_linear`'s
+(the same kernel code, with the split `kernels.experts_config` gives the routed grid).
 """
 
 from __future__ import annotations
