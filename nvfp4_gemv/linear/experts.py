@@ -121,8 +121,11 @@ def experts_reference(x, weight, weight_scale, expert_ids, fmt, global_scale=Non
 
 
 def _kernel_scale(weight_scale: torch.Tensor) -> torch.Tensor:
-    """The scales as the kernels take them: uint8 or e4m3 as they are, e8m0 viewed as uint8."""
-    if weight_scale.dtype in (torch.uint8, torch.float8_e4m3fn):
+    """The scales as the kernels take them: the dtypes they read as they are (op._KERNEL_SF_DTYPES), e8m0 viewed as
+    uint8."""
+    from nvfp4_gemv.linear.op import _KERNEL_SF_DTYPES
+
+    if weight_scale.dtype in _KERNEL_SF_DTYPES:
         return weight_scale
     return weight_scale.view(torch.uint8)
 
@@ -157,20 +160,19 @@ class EagerExperts:
                 raise ValueError(f"expert_ids: {t} tokens are grouped by expert on the host (a sync), which a CUDA "
                                  f"graph cannot capture; capture calls of at most {EXPERTS_MAX_TOKENS} tokens")
             return self.grouped(*args)
+        sf = _kernel_scale(weight_scale)
         if launch is None:
             bind = self._bind
             if bind is None:
                 from nvfp4_gemv.linear.kernels import bind_experts as bind
-            launch = self.launches[key] = bind(
-                e, n, 2 * kb, x.device, x.dtype, _kernel_scale(weight_scale).dtype, expert_ids.dtype, fmt,
-                global_scale is not None, bias is not None)
+            launch = self.launches[key] = bind(e, n, 2 * kb, x.device, x.dtype, sf.dtype, expert_ids.dtype, fmt,
+                                               global_scale is not None, bias is not None)
         if not x.is_contiguous() or x.data_ptr() % PTR_ALIGN:
             x = x.clone(memory_format=torch.contiguous_format)
         out = torch.empty(t, top_k, n, dtype=x.dtype, device=x.device)
         if t:
-            launch(out.view(t * top_k, n), x, weight.view(torch.uint8).view(e * n, kb),
-                   _kernel_scale(weight_scale).view(e * n, -1), global_scale,
-                   None if bias is None else bias.view(e * n), expert_ids.contiguous().view(-1))
+            launch(out.view(t * top_k, n), x, weight.view(torch.uint8).view(e * n, kb), sf.view(e * n, -1),
+                   global_scale, None if bias is None else bias.view(e * n), expert_ids.contiguous().view(-1))
         return out
 
     @staticmethod
