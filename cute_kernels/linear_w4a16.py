@@ -93,6 +93,9 @@ class LinearW4A16Config:
     # before a redo (zero_blocks_check); on a vote a step (fp16), where the vote fails (fold_fits)
     w_l2_prefetch: int = 0  # 0, 64, 128 or 256: W's loads with `.L2::<n>B` (the L2 fetches that much on a miss)
     experts: str = ""  # LinearW4A16Experts: "i32" or "i64", the expert ids' dtype (one (token, expert) slot a CTA)
+    expert_group: bool = False  # with experts: a CTA takes the slots that share its slot's expert, up to a token tile
+    # of them (found by a warp's scan of the ids; the CTAs of the other slots of the group exit), so the expert is read
+    # once a tile of its tokens instead of once a slot
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -122,6 +125,8 @@ class LinearW4A16Config:
                 self.token_tiles, self.block_columns, self.x_fragments, self.m_major) != (1, False, False, False)):
             raise ValueError(f"experts must be '', 'i32' or 'i64', and takes plain scales, one token tile, no block "
                              f"columns, no x in fragment order and no m_major, got {self}")
+        if self.expert_group and not self.experts:
+            raise ValueError(f"expert_group is a way of routing experts (experts = 'i32' or 'i64'), got {self}")
         if self.mx_fold and (self.fmt != "mxfp4" or self.block_columns):
             raise ValueError(f"mx_fold is MXFP4's scale fold in the default kernel, got {self}")
         if self.mx_fold_redo and not self.mx_fold:
@@ -744,7 +749,7 @@ class LinearW4A16:
         toks = cute.make_rmem_tensor(cute.make_layout(cfg.token_tiles), Int32)
         for t in cutlass.range_constexpr(cfg.token_tiles):
             if const_expr(route is not None):
-                toks[t] = route.token
+                toks[t] = route.token  # one token tile: this lane's MMA column's token
             else:
                 toks[t] = cutlass.min(bidy * cfg.tokens_per_cta + cfg.tile_tokens * t + r // kp, m - 1)
 
@@ -1020,9 +1025,9 @@ class LinearW4A16:
         if const_expr(route is None):
             tok = bidy * cfg.tokens_per_cta + cfg.tile_tokens * t + (2 * c + q % 2) // kp
             ok = row < n and tok < m
-        else:  # one token a CTA, in the MMA's first column
-            tok = route.slot
-            ok = row < n and (2 * c + q % 2) // kp == 0
+        else:  # the route's tokens: the slot of this lane's MMA column 2c + q % 2 (-1: none; a repeated column)
+            tok = route.slot_of(q % 2)
+            ok = row < n and tok >= 0
         if const_expr(kp > 1):
             ok = ok and r % kp == 0 and c % (kp // 2) == 0
         if ok:

@@ -4,21 +4,31 @@ every (token, expert) slot s of a mixture-of-experts layer, in one launch.
 The experts are one weight of E·N rows: expert e's row r is row e·N + r of W (E, N, K/2) and of its plain scales
 (E, N, K/16 or K/32), which is how checkpoints stack them (gpt-oss's `*_blocks` [E, N, K/32, 16] are these bytes).
 CTA (row tile, slot s) reads expert e = ids[s] (int32 or int64, as the router gives them) when it starts, then runs
-`LinearW4A16`'s one-token kernel on rows e·N.. of that weight and x's row s / top_k (top_k = slots / tokens), and
-stores y[s, rows] from the MMA's first column. The expert's global scale (NVFP4, (E,) fp32) and bias ((E, N)) are
-read at e as well. Nothing is sorted, counted or synchronised on the host, so the call takes CUDA-graph capture: a
-decode step with T tokens and top_k experts each is one launch of T·top_k·⌈N/rows⌉ CTAs, each expert's bytes read
-once a slot (slots that share an expert read it again, from DRAM unless the L2 still holds it).
+`LinearW4A16`'s one-token kernel on rows e·N.. of that weight. The expert's global scale (NVFP4, (E,) fp32) and bias
+((E, N)) are read at e as well.
 
-An id outside [0, E) reads expert 0's bytes and stores NaN in its slot's row: no read outside W, and no silent
-answer. The sums, the K order and the split over warps are those of `LinearW4A16` with the same config.
+Slots that share an expert (`expert_group`, dispatched): the slots naming e, in slot order, are cut into runs of one
+token tile (8 MMA columns). Each warp of CTA s scans the ids, 32 a round with a ballot (`scan_group`): if s begins a
+run, the CTA computes the run's slots in its MMA columns, x's row s' / top_k in column j for the run's slot s', and
+stores y[s', rows]; else it exits. So the expert's bytes are read once a run, not once a slot, and the result of a
+slot does not depend on which others share its run (each MMA column is summed on its own, in the same K order). The
+scan stops at s where s begins no run, and at the run's end where it does: up to ⌈slots / 32⌉ rounds a warp.
+Without groups, CTA s computes slot s alone, in the first column (slots that share an expert read it again, from
+DRAM unless the L2 still holds it).
+
+Nothing is sorted, counted or synchronised on the host, so the call takes CUDA-graph capture: a decode step with T
+tokens and top_k experts each is one launch of T·top_k·⌈N/rows⌉ CTAs. An id outside [0, E) reads expert 0's bytes
+and stores NaN in its slot's row (such ids form a group of their own): no read outside W, and no silent answer. The
+sums, the K order and the split over warps are those of `LinearW4A16` with the same config.
 """
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64
+from cutlass import Float32, Int32, Int64, Uint32, const_expr
+from cutlass.cutlass_dsl import dsl_user_op
 
 from cute_kernels.compile import launch
+from cute_kernels.ptx import asm_u32
 from cute_kernels.linear_w4a16 import LinearW4A16, fake_weight_operands
 
 ID_DTYPES = {"i32": Int32, "i64": Int64}
@@ -26,19 +36,15 @@ ID_DTYPES = {"i32": Int32, "i64": Int64}
 
 class Route:
     """Where one CTA's work comes from, each value formed where it is used (so the K loop holds only the expert
-    id): the slot (y's row, the CTA's grid y), the token (x's row), the expert (id -1 stands for one out of range:
-    expert 0's bytes, NaN stored), the expert's first row of W, and whether the id was in range."""
+    id and, with groups, the two slots this lane stores): the expert (id -1 stands for one out of range: expert 0's
+    bytes, NaN stored), the expert's first row of W, whether the id was in range, this lane's token (x's row of its
+    MMA column) and the slot (y's row) of each of its two output columns 2c, 2c + 1 (-1 where it stores none).
 
-    def __init__(self, expert, top_k, n):
-        self._e, self._top_k, self._n = expert, top_k, n
+    One slot a CTA (`group` None): the CTA's slot (its grid y) in the first column, its token in every column. With
+    a group (`scan_group`'s): the slots of the group's columns, the first of them the CTA's own."""
 
-    @property
-    def slot(self):
-        return cute.arch.block_idx()[1]
-
-    @property
-    def token(self):
-        return self.slot // self._top_k
+    def __init__(self, expert, top_k, n, kp, group=None):
+        self._e, self._top_k, self._n, self._kp, self._group = expert, top_k, n, kp, group
 
     @property
     def expert(self):
@@ -51,6 +57,73 @@ class Route:
     @property
     def valid(self):
         return self._e >= Int32(0)
+
+    @property
+    def token(self):
+        slot = cute.arch.block_idx()[1] if self._group is None else self._group[0]
+        return slot // self._top_k
+
+    def slot_of(self, b: int):
+        """y's row for this lane's output column 2c + b, or -1."""
+        if const_expr(self._group is not None):
+            return self._group[1 + b]
+        c = cute.arch.lane_idx() % 4
+        return Int32(cutlass.select_((2 * c + b) // self._kp == 0, cute.arch.block_idx()[1], Int32(-1)))
+
+
+@dsl_user_op
+def nth_set_bit(mask, n, *, loc=None, ip=None) -> Int32:
+    """The position of set bit n (0 the lowest) of `mask` (`fns.b32`; -1 if it has fewer)."""
+    return Int32(asm_u32([mask, Int32(n) + 1], "fns.b32 $0, $1, 0, $2;", "=r,r,r", loc, ip))
+
+
+@cute.jit
+def expert_key(mIds: cute.Tensor, j, experts):
+    """Slot j's expert id as the kernel takes it: in [0, E), or -1 for an id outside (compared in the ids' own width,
+    so an int64 id is never truncated first)."""
+    dt = mIds.element_type
+    raw = mIds[j]
+    return Int32(cutlass.select_(raw >= dt(0) and raw < dt(experts), raw, dt(-1)))
+
+
+@cute.jit
+def scan_group(mIds: cute.Tensor, slot, key, experts, cap: int, kp: int):
+    """A warp's scan of the ids for the group of slot `slot` (expert `key`): the slots with that expert in slot order,
+    cut into runs of `cap` (a token tile). Returns (leads, (this lane's token slot, its two output slots)): whether
+    `slot` begins a run (its CTA computes the run; the others exit), this lane's MMA column's slot (r / kp of the
+    run, or `slot` past the run's end: a repeated column, never stored) and the slots of its output columns
+    (2c + b) / kp (or -1). Every lane and warp gets the same answer (ballots over 32 ids a round, deterministic).
+    The scan stops at the end of the run, or at `slot` when it begins none."""
+    lane = cute.arch.lane_idx()
+    slots = mIds.shape[0]
+    t_tok, t_lo, t_hi = lane // 4 // kp, (2 * (lane % 4)) // kp, (2 * (lane % 4) + 1) // kp
+    s_tok, s_lo, s_hi = Int32(-1), Int32(-1), Int32(-1)
+    rank = Int32(0)  # matches before `slot`
+    seen = Int32(0)  # matches in the rounds before this one
+    base = Int32(0)
+    going = True
+    while going:
+        j = base + lane
+        kj = Int32(-2)
+        if j < slots:
+            kj = expert_key(mIds, j, experts)
+        m = Uint32(cute.arch.vote_ballot_sync(kj == key))
+        below = slot - base  # this round's ids before `slot`: the lowest `below` bits, clamped to 0..32
+        lows = (Uint32(1) << Uint32(cutlass.min(cutlass.max(below, Int32(0)), Int32(31)))) - Uint32(1)
+        rank = rank + Int32(cute.arch.popc(Uint32(cutlass.select_(below >= 32, Uint32(0xFFFFFFFF), lows)) & m))
+        count = Int32(cute.arch.popc(m))
+        if below < 32:  # `slot` is in this round or an earlier one: rank is final
+            n = rank - seen
+            if n + t_tok >= 0 and n + t_tok < count:
+                s_tok = base + nth_set_bit(m, n + t_tok)
+            if n + t_lo >= 0 and n + t_lo < count:
+                s_lo = base + nth_set_bit(m, n + t_lo)
+            if n + t_hi >= 0 and n + t_hi < count:
+                s_hi = base + nth_set_bit(m, n + t_hi)
+        seen = seen + count
+        base = base + 32
+        going = base < slots and (below >= 32 or (rank % cap == 0 and seen - rank < cap))
+    return rank % cap == 0, (Int32(cutlass.select_(s_tok >= 0, s_tok, slot)), s_lo, s_hi)
 
 
 class LinearW4A16Experts(LinearW4A16):
@@ -94,8 +167,11 @@ class LinearW4A16Experts(LinearW4A16):
                        mGS: cute.Tensor, mBias: cute.Tensor, mIds: cute.Tensor, m: Int32, n: Int32, k: Int32,
                        top_k: Int32, experts: Int32):
         _, slot, _ = cute.arch.block_idx()
-        dt = ID_DTYPES[self.cfg.experts]
-        raw = mIds[slot]
-        valid = raw >= dt(0) and raw < dt(experts)  # in the ids' own width: an int64 id is never truncated first
-        e = Int32(cutlass.select_(valid, raw, dt(-1)))
-        self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(e, top_k, n))
+        e = expert_key(mIds, slot, experts)
+        kp = self.cfg.k_parts
+        if const_expr(self.cfg.expert_group):
+            leads, group = scan_group(mIds, slot, e, experts, self.cfg.tile_tokens, kp)
+            if leads:
+                self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(e, top_k, n, kp, group))
+        else:
+            self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(e, top_k, n, kp))

@@ -245,13 +245,17 @@ def test_experts_config():
                                  x_fragments=False)
         assert c.experts == "i64" and c.groups == one.groups and c.k_warps == min(one.k_warps, kernels.EXPERTS_K_WARPS)
         assert (c.k_parts, c.token_tiles, c.block_columns, c.x_fragments, c.m_major) == (1, 1, False, False, False)
-        assert c.mx_fold == one.mx_fold and c.fmt == fmt and c.x_dtype == xd
+        assert c.mx_fold == one.mx_fold and c.fmt == fmt and c.x_dtype == xd and c.expert_group
     said = kernels.describe_experts(16, 5760, 2880, "mxfp4", torch.bfloat16)
     c = kernels.experts_config(5760, 2880, "mxfp4", "bf16", "i64", False, False)
     assert said.startswith("linear_w4a16_experts: one launch of 16 (token, expert) slots x ")
+    assert "with up to 8 slots that share it (the others' CTAs exit)" in said
     assert f"groups={c.groups} row_warps=1 k_warps={c.k_warps} token_tiles=1" in said and "k_parts" not in said
+    assert not kernels.experts_config(5760, 2880, "mxfp4", "bf16", "i64", False, False, expert_group=False).expert_group
     with pytest.raises(ValueError, match="experts must be"):
         kernels.LinearW4A16Config(experts="i64", token_tiles=2)
+    with pytest.raises(ValueError, match="expert_group is a way of routing experts"):
+        kernels.LinearW4A16Config(expert_group=True)
     can = kernels.LinearW4A16Experts.can_implement
     assert can(16, 128, 5760, 2880, 128)  # gpt-oss-120b's gate_up, 16 tokens of 8 experts
     assert not can(1, 4, 2**20, 2**10, 2**4)  # W's words past int32: E·N·K = 2^34
@@ -291,15 +295,18 @@ def test_base_kernel_unchanged_by_routes(tmp_path):
 @pytest.mark.parametrize("kw", [dict(fmt="mxfp4", mx_fold=True, mx_fold_redo=True, bias=True),
                                 dict(fmt="nvfp4", global_scale=True, k_parts=2, x_dtype="fp16")], ids=["mx", "nv"])
 @pytest.mark.parametrize("ids", ["i32", "i64"])
-def test_ptx_facts(tmp_path, arch, kw, ids):
-    """The routed kernel reads its slot's id once (a 4- or 8-byte load), multiplies by tensor cores, stores y, and
-    has no float atomics; NaN (selected as the output's, fp32's or bf16's/fp16's) is its answer for an id out of range."""
+@pytest.mark.parametrize("group", [True, False], ids=["group", "slot"])
+def test_ptx_facts(tmp_path, arch, kw, ids, group):
+    """The routed kernel reads the ids (4- or 8-byte loads), multiplies by tensor cores, stores y, and has no float
+    atomics; NaN (selected as the output's, fp32's or bf16's/fp16's) is its answer for an id out of range. With
+    groups, the ids are scanned with ballots and the run's slots found with `fns`; without, neither."""
     from registers import compiled_ptx
 
     tmp_path.mkdir(exist_ok=True)
-    ptx = compiled_ptx("linear_w4a16_experts", "LinearW4A16Experts", {**kw, "experts": ids}, arch, tmp_path,
-                       "linear_w4a16", "LinearW4A16Config")
+    ptx = compiled_ptx("linear_w4a16_experts", "LinearW4A16Experts", {**kw, "experts": ids, "expert_group": group},
+                       arch, tmp_path, "linear_w4a16", "LinearW4A16Config")
     assert "mma.sync.aligned.m16n8k16" in ptx
+    assert ("vote.sync.ballot.b32" in ptx) == ("fns.b32" in ptx) == group
     assert ("ld.global.b64" in ptx or "ld.global.u64" in ptx or "ld.global.s64" in ptx) == (ids == "i64")
     assert "atom.global.add.f32" not in ptx and "red.global.add.f32" not in ptx
     assert re.search(r"selp\.(b16|b32|f32)\s+%\w+, %\w+, (0x7FC0|0x7E00|0f7FC00000|0f7FFFFFFF), %p", ptx)
@@ -336,6 +343,43 @@ def test_gpu_matches_reference(fmt, dtype, e, n, k, t, top_k):
         assert y.shape == (t, top_k, n) and y.dtype == dtype
         _assert_close(y, a)
         assert torch.equal(torch.ops.nvfp4_gemv.fp4_experts_linear(*op_args(a)), y)
+
+
+def shared_ids(t, top_k, e, seed=0, device="cuda"):
+    """Router-like ids that share experts: each token's top_k drawn from few experts (some named by 9+ slots, so
+    their runs are cut), one token naming one expert twice."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, e, (t, top_k), generator=g)
+    ids[0, :] = 0
+    if top_k > 1:
+        ids[-1, 0] = ids[-1, 1]
+    return ids.to(device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("e,n,k,t,top_k", [(3, 200, 2880, 16, 4), (2, 72, 128, 16, 8), (32, 520, 1024, 16, 4),
+                                           (1, 130, 4096, 9, 1), (4, 1, 64, 7, 3)])
+def test_gpu_shared_experts_grouped_match_reference_and_slots(fmt, dtype, e, n, k, t, top_k):
+    """Slots that share an expert, computed in runs of 8 (expert_group, dispatched): within the tolerance of the
+    reference, and bit-identical to the same kernel one slot a CTA; ids out of range form a NaN run of their own."""
+    import functools
+
+    from nvfp4_gemv.linear import kernels
+
+    a = operands(fmt, e, n, k, t, top_k, dtype, torch.int32, fmt == "nvfp4", True, device="cuda")
+    a["expert_ids"] = shared_ids(t, top_k, e)
+    y = fp4_experts_linear(**a)
+    _assert_close(y, a)
+    slots = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=False))
+    assert torch.equal(slots(*op_args(a)), y)
+    bad = a["expert_ids"].clone()
+    bad[1::3, 0] = e + 1  # a run of ids out of range amid good ones
+    yb = fp4_experts_linear(**{**a, "expert_ids": bad})
+    nan = torch.zeros_like(bad, dtype=torch.bool)
+    nan[1::3, 0] = True
+    assert yb[nan].isnan().all() and torch.equal(yb[~nan], y[~nan])
 
 
 @pytest.mark.gpu

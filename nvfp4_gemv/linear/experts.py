@@ -12,8 +12,9 @@ one launch.
   (E, N) in x's dtype. Read in place, never copied.
 
 On CUDA, up to EXPERTS_MAX_TOKENS tokens are one launch of `cute_kernels.linear_w4a16_experts` (the ids are read on
-the device: no sync, so the call takes CUDA-graph capture and torch.compile). An id outside [0, E) gives NaN in its
-(t, j) row there, since checking it on the host would need a sync. Past EXPERTS_MAX_TOKENS tokens (prefill), where
+the device: no sync, so the call takes CUDA-graph capture and torch.compile). The slots that name the same expert are
+grouped there too, in runs of up to 8, so its weight is read once a run, not once a slot. An id outside [0, E) gives
+NaN in its (t, j) row there, since checking it on the host would need a sync. Past EXPERTS_MAX_TOKENS tokens (prefill), where
 many slots share an expert, the ids are read on the host (one sync): each expert's tokens go through `fp4_linear`
 together, so its weight is read once a call, and a bad id raises ValueError. Other devices run the fp32 reference,
 which raises on a bad id as well. Each slot's result is within the same tolerance of the reference as `fp4_linear`'s
@@ -135,8 +136,9 @@ class EagerExperts:
     then per call the pointers' alignment, y allocated, one launch (or, past EXPERTS_MAX_TOKENS tokens, one
     `fp4_linear` an expert named)."""
 
-    def __init__(self, bind=None):
+    def __init__(self, bind=None, max_tokens: int = EXPERTS_MAX_TOKENS):
         self._bind = bind  # None: kernels.bind_experts (imported on first use); tests pass a stand-in of its signature
+        self.max_tokens = max_tokens  # past it, each expert's tokens through fp4_linear (the ids read on the host)
         self.launches: dict = {}
 
     def __call__(self, x, weight, weight_scale, expert_ids, fmt, global_scale, bias):
@@ -155,10 +157,10 @@ class EagerExperts:
             raise
         t, top_k = expert_ids.shape
         e, n, kb = weight.shape
-        if t > EXPERTS_MAX_TOKENS:
+        if t > self.max_tokens:
             if x.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise ValueError(f"expert_ids: {t} tokens are grouped by expert on the host (a sync), which a CUDA "
-                                 f"graph cannot capture; capture calls of at most {EXPERTS_MAX_TOKENS} tokens")
+                                 f"graph cannot capture; capture calls of at most {self.max_tokens} tokens")
             return self.grouped(*args)
         sf = _kernel_scale(weight_scale)
         if launch is None:

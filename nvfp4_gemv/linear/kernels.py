@@ -775,14 +775,17 @@ def experts_config(n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias:
     """The config of a routed launch (LinearW4A16Experts), whatever its slot count: each slot's CTAs split one
     expert's N rows as a one-token call of that expert would (config_for of (1, N, K)), but with one K part and at
     most EXPERTS_K_WARPS k-warps, since slots times that call's CTAs fill the GPU where one call's may not; without
-    the kernels that prepare x first. Measured on an H100 (BENCHMARKS.md, "Routed experts"): within 7 % of the best of five splits at 17 of 18
-    points of the bench's MoE shapes at 1, 4 and 16 tokens, where splitting N·slots rows as one weight took up to
-    2.0 x the time (two groups, one k-warp) and the one-token call's own split up to 1.6 x (two K parts)."""
+    the kernels that prepare x first. Measured on an H100 (BENCHMARKS.md, "Routed experts"): within 7 % of the best
+    of five splits at 17 of 18 points of the bench's MoE shapes at 1, 4 and 16 tokens, where splitting N·slots rows
+    as one weight took up to 2.0 x the time (two groups, one k-warp) and the one-token call's own split up to 1.6 x
+    (two K parts). The slots that share an expert are grouped on the device (expert_group): one CTA row reads the
+    expert for up to 8 of them (the MMA's columns), and the CTAs of the others exit."""
     one = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, block_columns=False, x_fragments=False)
     fields = {"groups": one.groups, "k_warps": min(one.k_warps, EXPERTS_K_WARPS), "k_parts": 1,
               "block_columns": False, "x_fragments": False, **override}
+    group = fields.pop("expert_group", True)
     cfg = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, **fields)
-    return LinearW4A16Config(**{**cfg.__dict__, "experts": ids_dtype})
+    return LinearW4A16Config(**{**cfg.__dict__, "experts": ids_dtype, "expert_group": group})
 
 
 EXPERTS_K_WARPS = 4
@@ -795,8 +798,9 @@ def describe_experts(slots: int, n: int, k: int, fmt: str, x_dtype, bias: bool =
     one = describe(1, n, k, fmt, x_dtype, groups=cfg.groups, k_warps=cfg.k_warps, k_parts=1, block_columns=False,
                    x_fragments=False)
     return (f"linear_w4a16_experts: one launch of {slots} (token, expert) slots x {-(-n // cfg.rows_per_cta)} row "
-            f"tiles, each CTA on the expert its id names, split as one expert's one-token call with one K part and at "
-            f"most {EXPERTS_K_WARPS} k-warps: " + one)
+            f"tiles, each CTA on the expert its id names"
+            + (f" with up to {cfg.tile_tokens} slots that share it (the others' CTAs exit)" if cfg.expert_group else "")
+            + f", split as one expert's one-token call with one K part and at most {EXPERTS_K_WARPS} k-warps: " + one)
 
 
 # Slots of one routed launch at most: one CTA row a slot on the grid's y (at most 65535), so a call with more
