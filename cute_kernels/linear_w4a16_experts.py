@@ -28,8 +28,8 @@ from cutlass import Float32, Int32, Int64, Uint32, const_expr
 from cutlass.cutlass_dsl import dsl_user_op
 
 from cute_kernels.compile import launch
+from cute_kernels.linear_w4a16 import SF_DTYPES, LinearW4A16
 from cute_kernels.ptx import asm_u32
-from cute_kernels.linear_w4a16 import LinearW4A16, fake_weight_operands
 
 ID_DTYPES = {"i32": Int32, "i64": Int64}
 
@@ -127,8 +127,10 @@ def scan_group(mIds: cute.Tensor, slot, key, experts, cap: int, kp: int):
 
 
 class LinearW4A16Experts(LinearW4A16):
-    """`LinearW4A16` with `experts`: call it as (x (T, K), W (E·N, K/2), scales (E·N, K/16 or K/32), y (T·top_k, N),
-    global scales (E,) fp32, bias (E·N,), ids (T·top_k,) of the config's id dtype)."""
+    """`LinearW4A16` with `experts`: call it as (x (T, K), W (E, N, K/2), scales (E, N, K/16 or K/32), y (T, top_k,
+    N), global scales (E,) fp32, bias (E, N), ids (T, top_k) of the config's id dtype), each as the caller holds it
+    (W, scales, y and ids contiguous): the kernel views the stacked experts as one weight of E·N rows and the ids and
+    y by slot, so a call makes no torch views."""
 
     @staticmethod
     def can_implement(tokens: int, slots: int, n: int, k: int, experts: int) -> bool:
@@ -141,25 +143,31 @@ class LinearW4A16Experts(LinearW4A16):
     def fake_operands(config):
         from cutlass.cute.runtime import make_fake_tensor
 
-        tokens, slots, n = cute.sym_int(), cute.sym_int(), cute.sym_int()
+        tokens, top_k, n, experts = cute.sym_int(), cute.sym_int(), cute.sym_int(), cute.sym_int()
         k = cute.sym_int(divisibility=64)
         xdt = cutlass.BFloat16 if config.x_dtype == "bf16" else cutlass.Float16
         x = make_fake_tensor(xdt, (tokens, k), stride=(cute.sym_int(divisibility=8), 1), assumed_align=16)
-        w, sf = fake_weight_operands(cute.sym_int(), "plain", config.sf_dtype)  # E·N rows
-        y = make_fake_tensor(xdt, (slots, n), stride=(cute.sym_int(), 1), assumed_align=2)
+        kb, cols = cute.sym_int(divisibility=32), cute.sym_int(divisibility=2)
+        w = make_fake_tensor(cutlass.Uint8, (experts, n, kb), stride=(cute.sym_int(), kb, 1), assumed_align=16)
+        sf = make_fake_tensor(SF_DTYPES[config.sf_dtype], (experts, n, cols), stride=(cute.sym_int(), cols, 1),
+                              assumed_align=16)
+        y = make_fake_tensor(xdt, (tokens, top_k, n), stride=(cute.sym_int(), cute.sym_int(), 1), assumed_align=2)
         gs = make_fake_tensor(Float32, (cute.sym_int(),), stride=(1,), assumed_align=4)
-        bias = make_fake_tensor(xdt, (cute.sym_int(),), stride=(1,), assumed_align=2)
+        bias = make_fake_tensor(xdt, (cute.sym_int(), cute.sym_int()), stride=(cute.sym_int(), 1), assumed_align=2)
         dt = ID_DTYPES[config.experts]
-        ids = make_fake_tensor(dt, (slots,), stride=(1,), assumed_align=dt.width // 8)
+        ids = make_fake_tensor(dt, (tokens, top_k), stride=(cute.sym_int(), 1), assumed_align=dt.width // 8)
         return x, w, sf, y, gs, bias, ids
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mW: cute.Tensor, mSF: cute.Tensor, mY: cute.Tensor, mGS: cute.Tensor,
                  mBias: cute.Tensor, mIds: cute.Tensor, stream=None):
-        x_words, w_words, sf, m, n, k = self.views(mX, mW, mSF, mY)
-        slots = mIds.shape[0]
-        experts = mW.shape[0] // n
-        main = self.experts_kernel(x_words, w_words, sf, mY, mGS, mBias, mIds, m, n, k, slots // m, experts)
+        tokens, top_k, n = mY.shape
+        slots = tokens * top_k
+        y = cute.make_tensor(mY.iterator, cute.make_layout((slots, n), stride=(n, 1)))  # y by slot (contiguous)
+        x_words, w_words, sf, m, n, k = self.views(mX, mW, mSF, y)  # W and scales: expert e's row r at e·N + r
+        ids = cute.make_tensor(mIds.iterator, cute.make_layout((slots,), stride=(1,)))
+        bias = cute.make_tensor(mBias.iterator, cute.make_layout((mBias.shape[0] * mBias.shape[1],), stride=(1,)))
+        main = self.experts_kernel(x_words, w_words, sf, y, mGS, bias, ids, m, n, k, top_k, mW.shape[0])
         launch(main, self.launch_shape(slots * self.cfg.tokens_per_cta, n), stream)  # one slot a token tile
 
     @cute.kernel

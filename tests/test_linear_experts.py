@@ -195,15 +195,16 @@ def _fail(*args):
 
 
 def _stand_in(e, n, k, device, x_dtype, sf_dtype, ids_dtype, fmt, has_gs, has_bias):
-    """bind_experts' signature; its launch computes each slot from the stacked views with the reference."""
+    """bind_experts' signature; its launch computes each slot with the reference from the tensors as the kernel
+    takes them (y (T, top_k, N), W and scales (E, N, ...) as bytes or e4m3, ids (T, top_k))."""
 
-    def launch(out2d, x2d, w, sf, gs, bias, ids):
-        top_k = ids.shape[0] // x2d.shape[0]
-        for s, ex in enumerate(ids.tolist()):
-            rows = slice(ex * n, (ex + 1) * n)
-            out2d[s] = linear_reference(x2d[s // top_k:s // top_k + 1], w[rows], sf[rows].view(
-                torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8), fmt,
-                None if gs is None else gs[ex:ex + 1], None if bias is None else bias[rows])[0]
+    def launch(out, x2d, w, sf, gs, bias, ids):
+        assert w.dtype == torch.uint8 and w.shape == (e, n, k // 2) and out.shape[2] == n and ids.is_contiguous()
+        for i, row in enumerate(ids.tolist()):
+            for j, ex in enumerate(row):
+                out[i, j] = linear_reference(x2d[i:i + 1], w[ex], sf[ex].view(
+                    torch.float8_e4m3fn if fmt == "nvfp4" else torch.uint8), fmt,
+                    None if gs is None else gs[ex:ex + 1], None if bias is None else bias[ex])[0]
 
     calls.append((e, n, k, x_dtype, sf_dtype, ids_dtype, fmt, has_gs, has_bias))
     return launch
@@ -214,7 +215,7 @@ calls = []
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_eager_path_views_and_caches(fmt):
-    """The launch sees the stacked views (E·N rows, flat ids and y) and is bound once per signature, not per T;
+    """The launch sees the tensors as the kernel takes them and is bound once per signature, not per T;
     past EXPERTS_MAX_TOKENS tokens the slots go through each expert's fp4_linear (here the CPU reference)."""
     calls.clear()
     eager = EagerExperts(bind=_stand_in)

@@ -173,8 +173,8 @@ class EagerExperts:
             x = x.clone(memory_format=torch.contiguous_format)
         out = torch.empty(t, top_k, n, dtype=x.dtype, device=x.device)
         if t:
-            launch(out.view(t * top_k, n), x, weight.view(torch.uint8).view(e * n, kb), sf.view(e * n, -1),
-                   global_scale, None if bias is None else bias.view(e * n), expert_ids.contiguous().view(-1))
+            launch(out, x, weight if weight.dtype == torch.uint8 else weight.view(torch.uint8), sf, global_scale, bias,
+                   expert_ids if expert_ids.is_contiguous() else expert_ids.contiguous())
         return out
 
     @staticmethod

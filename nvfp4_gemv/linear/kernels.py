@@ -809,34 +809,33 @@ SLOTS_CHUNK = 65535
 
 
 def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, has_global_scale, has_bias, **override):
-    """The routed launch of one call signature: `launch(out2d, x2d, weight_u8, scale, global_scale, bias, ids)` with
-    out2d (T·top_k, N), x2d (T, K), the stacked weight (E·N, K/2) and scales (E·N, K/block) as bytes (NVFP4's may be
-    e4m3), global_scale (E,) fp32 or None, bias (E·N,) or None, ids (T·top_k,). One config for every slot count
-    (experts_config), compiled on the first call."""
+    """The routed launch of one call signature: `launch(out, x2d, weight_u8, scale, global_scale, bias, ids)` with
+    out (T, top_k, N), x2d (T, K), the stacked weight (E, N, K/2) as bytes and its scales (E, N, K/block) (NVFP4's
+    may be e4m3), global_scale (E,) fp32 or None, bias (E, N) or None, ids (T, top_k); weight, scales, out and ids
+    contiguous (the kernel views them by row and slot). One config for every slot count (experts_config), compiled
+    on the first call."""
     plan = []
     cfg = experts_config(n, k, fmt, _X_DTYPES[x_dtype], _ID_DTYPES[ids_dtype], has_bias, has_global_scale,
                          sm_count(device.index), **{"sf_dtype": _SF_DTYPES[scale_dtype], **override})
+    no_bias = _dummy(device, x_dtype).view(1, 1)
 
-    def launch(out2d, x2d, weight_u8, scale, global_scale, bias, ids):
-        t, slots = x2d.shape[0], ids.shape[0]
-        top_k = slots // t
-        if slots > SLOTS_CHUNK:
+    def launch(out, x2d, weight_u8, scale, global_scale, bias, ids):
+        t, top_k = ids.shape
+        if t * top_k > SLOTS_CHUNK:
             step = SLOTS_CHUNK // top_k
             for t0 in range(0, t, step):
                 t1 = min(t, t0 + step)
-                launch(out2d[t0 * top_k:t1 * top_k], x2d[t0:t1], weight_u8, scale, global_scale, bias,
-                       ids[t0 * top_k:t1 * top_k])
+                launch(out[t0:t1], x2d[t0:t1], weight_u8, scale, global_scale, bias, ids[t0:t1])
             return
-        if not LinearW4A16Experts.can_implement(t, slots, n, k, experts):
-            raise ValueError(f"fp4_experts_linear: (T, slots, E, N, K) = ({t}, {slots}, {experts}, {n}, {k}) is too "
-                             f"large for the kernel: {LinearW4A16Experts.can_implement.__doc__} Split the experts or "
-                             f"the call.")
+        if not LinearW4A16Experts.can_implement(t, t * top_k, n, k, experts):
+            raise ValueError(f"fp4_experts_linear: (T, slots, E, N, K) = ({t}, {t * top_k}, {experts}, {n}, {k}) is "
+                             f"too large for the kernel: {LinearW4A16Experts.can_implement.__doc__} Split the experts "
+                             f"or the call.")
         if not plan:
             plan.append(raw_function(compile_kernel(LinearW4A16Experts, cfg, target(capability(device)),
                                                     stream="torch")))
-        fn = plan[0]
         gs = _dummy(device, torch.float32) if global_scale is None else global_scale
-        fn(x2d, weight_u8, scale, out2d, gs, _dummy(device, x_dtype) if bias is None else bias, ids)
+        plan[0](x2d, weight_u8, scale, out, gs, no_bias if bias is None else bias, ids)
 
     return launch
 
