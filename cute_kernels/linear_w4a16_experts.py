@@ -25,11 +25,9 @@ sums, the K order and the split over warps are those of `LinearW4A16` with the s
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32, const_expr
-from cutlass.cutlass_dsl import dsl_user_op
 
 from cute_kernels.compile import launch
 from cute_kernels.linear_w4a16 import SF_DTYPES, LinearW4A16
-from cute_kernels.ptx import asm_u32
 
 ID_DTYPES = {"i32": Int32, "i64": Int64}
 
@@ -71,10 +69,16 @@ class Route:
         return Int32(cutlass.select_((2 * c + b) // self._kp == 0, cute.arch.block_idx()[1], Int32(-1)))
 
 
-@dsl_user_op
-def nth_set_bit(mask, n, *, loc=None, ip=None) -> Int32:
-    """The position of set bit n (0 the lowest) of `mask` (`fns.b32`; -1 if it has fewer)."""
-    return Int32(asm_u32([mask, Int32(n) + 1], "fns.b32 $0, $1, 0, $2;", "=r,r,r", loc, ip))
+@cute.jit
+def nth_set_bit(mask, n):
+    """The position of set bit n (0 the lowest) of `mask`, which has more than n: the largest p with at most n set
+    bits below it, by a binary search of five popcounts (straight-line; `fns.b32` is a branching sequence on sm_90)."""
+    pos = Int32(0)
+    for step in cutlass.range_constexpr(4, -1, -1):
+        probe = pos + (1 << step)
+        below = Int32(cute.arch.popc(mask & ~(Uint32(0xFFFFFFFF) << Uint32(probe))))
+        pos = Int32(cutlass.select_(below <= n, probe, pos))
+    return pos
 
 
 @cute.jit
@@ -96,8 +100,7 @@ def scan_group(mIds: cute.Tensor, slot, key, experts, cap: int, kp: int):
     The scan stops at the end of the run, or at `slot` when it begins none."""
     lane = cute.arch.lane_idx()
     slots = mIds.shape[0]
-    t_tok, t_lo, t_hi = lane // 4 // kp, (2 * (lane % 4)) // kp, (2 * (lane % 4) + 1) // kp
-    s_tok, s_lo, s_hi = Int32(-1), Int32(-1), Int32(-1)
+    found = Int32(-1)  # lane l: the slot of the run's member l % cap (-1: the run has fewer)
     rank = Int32(0)  # matches before `slot`
     seen = Int32(0)  # matches in the rounds before this one
     base = Int32(0)
@@ -113,16 +116,16 @@ def scan_group(mIds: cute.Tensor, slot, key, experts, cap: int, kp: int):
         rank = rank + Int32(cute.arch.popc(Uint32(cutlass.select_(below >= 32, Uint32(0xFFFFFFFF), lows)) & m))
         count = Int32(cute.arch.popc(m))
         if below < 32:  # `slot` is in this round or an earlier one: rank is final
-            n = rank - seen
-            if n + t_tok >= 0 and n + t_tok < count:
-                s_tok = base + nth_set_bit(m, n + t_tok)
-            if n + t_lo >= 0 and n + t_lo < count:
-                s_lo = base + nth_set_bit(m, n + t_lo)
-            if n + t_hi >= 0 and n + t_hi < count:
-                s_hi = base + nth_set_bit(m, n + t_hi)
+            n = rank - seen + lane % cap  # member lane % cap of the run is match n of this round
+            if n >= 0 and n < count:
+                found = base + nth_set_bit(m, n)
         seen = seen + count
         base = base + 32
         going = base < slots and (below >= 32 or (rank % cap == 0 and seen - rank < cap))
+    c = lane % 4
+    s_tok = cute.arch.shuffle_sync(found, lane // 4 // kp)
+    s_lo = cute.arch.shuffle_sync(found, (2 * c) // kp)
+    s_hi = cute.arch.shuffle_sync(found, (2 * c + 1) // kp)
     return rank % cap == 0, (Int32(cutlass.select_(s_tok >= 0, s_tok, slot)), s_lo, s_hi)
 
 

@@ -29,7 +29,8 @@ def operands(fmt="mxfp4", e=5, n=72, k=128, t=3, top_k=2, dtype=torch.bfloat16, 
         lo, hi = (90, 165) if full else (118, 130)
         sf = torch.randint(lo, hi, (e, n, k // 32), dtype=torch.uint8, generator=g)
         gs = None
-    ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(t)] or [torch.zeros(0, top_k)])
+    ids = [torch.randperm(max(e, top_k), generator=g)[:top_k] % e for _ in range(t)]
+    ids = torch.stack(ids or [torch.zeros(0, top_k)])
     ids = ids.reshape(t, top_k).to(ids_dtype)
     a = dict(x=torch.randn(t, k, generator=g).to(dtype), weight=w, weight_scale=sf, expert_ids=ids, fmt=fmt,
              global_scale=gs, bias=torch.randn(e, n, generator=g).to(dtype) if bias else None)
@@ -247,10 +248,12 @@ def test_experts_config():
         assert c.experts == "i64" and c.groups == one.groups and c.k_warps == min(one.k_warps, kernels.EXPERTS_K_WARPS)
         assert (c.k_parts, c.token_tiles, c.block_columns, c.x_fragments, c.m_major) == (1, 1, False, False, False)
         assert c.mx_fold == one.mx_fold and c.fmt == fmt and c.x_dtype == xd and c.expert_group
-    said = kernels.describe_experts(16, 5760, 2880, "mxfp4", torch.bfloat16)
+    said = kernels.describe_experts(4, 4, 5760, 2880, "mxfp4", torch.bfloat16)
     c = kernels.experts_config(5760, 2880, "mxfp4", "bf16", "i64", False, False)
     assert said.startswith("linear_w4a16_experts: one launch of 16 (token, expert) slots x ")
     assert "with up to 8 slots that share it (the others' CTAs exit)" in said
+    assert "share" not in kernels.describe_experts(1, 4, 5760, 2880, "mxfp4", torch.bfloat16)
+    assert not kernels.experts_config(5760, 2880, "mxfp4", "bf16", "i64", False, False, tokens=1).expert_group
     assert f"groups={c.groups} row_warps=1 k_warps={c.k_warps} token_tiles=1" in said and "k_parts" not in said
     assert not kernels.experts_config(5760, 2880, "mxfp4", "bf16", "i64", False, False, expert_group=False).expert_group
     with pytest.raises(ValueError, match="experts must be"):
@@ -300,14 +303,14 @@ def test_base_kernel_unchanged_by_routes(tmp_path):
 def test_ptx_facts(tmp_path, arch, kw, ids, group):
     """The routed kernel reads the ids (4- or 8-byte loads), multiplies by tensor cores, stores y, and has no float
     atomics; NaN (selected as the output's, fp32's or bf16's/fp16's) is its answer for an id out of range. With
-    groups, the ids are scanned with ballots and the run's slots found with `fns`; without, neither."""
+    groups, the ids are scanned with ballots; without, none is taken."""
     from registers import compiled_ptx
 
     tmp_path.mkdir(exist_ok=True)
     ptx = compiled_ptx("linear_w4a16_experts", "LinearW4A16Experts", {**kw, "experts": ids, "expert_group": group},
                        arch, tmp_path, "linear_w4a16", "LinearW4A16Config")
     assert "mma.sync.aligned.m16n8k16" in ptx
-    assert ("vote.sync.ballot.b32" in ptx) == ("fns.b32" in ptx) == group
+    assert ("vote.sync.ballot.b32" in ptx) == group
     assert ("ld.global.b64" in ptx or "ld.global.u64" in ptx or "ld.global.s64" in ptx) == (ids == "i64")
     assert "atom.global.add.f32" not in ptx and "red.global.add.f32" not in ptx
     assert re.search(r"selp\.(b16|b32|f32)\s+%\w+, %\w+, (0x7FC0|0x7E00|0f7FC00000|0f7FFFFFFF), %p", ptx)
@@ -361,7 +364,8 @@ def shared_ids(t, top_k, e, seed=0, device="cuda"):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("e,n,k,t,top_k", [(3, 200, 2880, 16, 4), (2, 72, 128, 16, 8), (32, 520, 1024, 16, 4),
-                                           (1, 130, 4096, 9, 1), (4, 1, 64, 7, 3)])
+                                           (1, 130, 4096, 9, 1), (4, 1, 64, 7, 3), (6, 256, 512, 64, 4),
+                                           (128, 96, 2880, 64, 8)])
 def test_gpu_shared_experts_grouped_match_reference_and_slots(fmt, dtype, e, n, k, t, top_k):
     """Slots that share an expert, computed in runs of 8 (expert_group, dispatched): within the tolerance of the
     reference, and bit-identical to the same kernel one slot a CTA; ids out of range form a NaN run of their own."""
@@ -401,14 +405,15 @@ def test_gpu_bad_ids_give_nan_rows_only():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_gpu_past_16_tokens_groups_by_expert(fmt):
-    a = operands(fmt, e=6, n=256, k=512, t=40, top_k=4, device="cuda")
+def test_gpu_past_max_tokens_groups_by_expert_on_the_host(fmt):
+    t = EXPERTS_MAX_TOKENS + 1
+    a = operands(fmt, e=6, n=256, k=512, t=t, top_k=4, device="cuda")
     _assert_close(fp4_experts_linear(**a), a)
     a["expert_ids"][3, 1] = 6
     with pytest.raises(ValueError, match=r"^expert_ids: expected values in \[0, 6\)"):
         fp4_experts_linear(**a)
     a["expert_ids"][3, 1] = 0
-    with pytest.raises(ValueError, match=r"^expert_ids: 40 tokens are grouped by expert on the host"):
+    with pytest.raises(ValueError, match=rf"^expert_ids: {t} tokens are grouped by expert on the host"):
         with torch.cuda.graph(torch.cuda.CUDAGraph()):
             fp4_experts_linear(**a)
 

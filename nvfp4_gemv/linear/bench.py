@@ -909,7 +909,8 @@ def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUT
     groups: each slot reads its expert), and up to EXPERTS_MAX_TOKENS tokens the loop users write with one module an
     expert (an fp4_linear a (token, expert) slot). Past EXPERTS_MAX_TOKENS tokens the routed launch is timed as well
     (`routed`), and both it and the dispatched call (each expert's tokens through fp4_linear, the ids read on the
-    host: a sync, so no graph) as eager wall µs a call. Eager host µs a call of the dispatched op. Returns the rows."""
+    host: a sync, so no graph) as eager wall µs a call. Eager host µs a call of the dispatched op. Returns the
+    rows."""
     import functools
 
     from nvfp4_gemv.linear import fp4_experts_linear, fp4_linear, kernels

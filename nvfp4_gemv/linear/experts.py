@@ -12,13 +12,13 @@ one launch.
   (E, N) in x's dtype. Read in place, never copied.
 
 On CUDA, up to EXPERTS_MAX_TOKENS tokens are one launch of `cute_kernels.linear_w4a16_experts` (the ids are read on
-the device: no sync, so the call takes CUDA-graph capture and torch.compile). The slots that name the same expert are
-grouped there too, in runs of up to 8, so its weight is read once a run, not once a slot. An id outside [0, E) gives
-NaN in its (t, j) row there, since checking it on the host would need a sync. Past EXPERTS_MAX_TOKENS tokens (prefill), where
-many slots share an expert, the ids are read on the host (one sync): each expert's tokens go through `fp4_linear`
-together, so its weight is read once a call, and a bad id raises ValueError. Other devices run the fp32 reference,
-which raises on a bad id as well. Each slot's result is within the same tolerance of the reference as `fp4_linear`'s
-(the same kernel code, with the split `kernels.experts_config` gives the routed grid).
+the device: no sync, so the call takes CUDA-graph capture and torch.compile). From two tokens on, the slots that name
+the same expert are grouped there, in runs of up to 8, so its weight is read once a run, not once a slot. An id
+outside [0, E) gives NaN in its (t, j) row there, since checking it on the host would need a sync. Past
+EXPERTS_MAX_TOKENS tokens (prefill), the ids are read on the host (one sync): each expert's tokens go through
+`fp4_linear` together, so its weight is read once a call, and a bad id raises ValueError. Other devices run the fp32
+reference, which raises on a bad id as well. Each slot's result is within the same tolerance of the reference as
+`fp4_linear`'s (the same kernel code, with the split `kernels.experts_config` gives the routed grid).
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ from nvfp4_gemv.linear.reference import dequantize
 from nvfp4_gemv.linear.validate import PTR_ALIGN, _aligned, _device, _rows, _tensor
 
 EXPERTS_OP_NAME = "nvfp4_gemv::fp4_experts_linear"
-EXPERTS_MAX_TOKENS = 16  # tokens a call takes in one routed launch; past it, each expert's tokens together
+# Tokens a call takes in one routed launch; past it, each expert's tokens together through fp4_linear (the ids read on
+# the host). At 32 and 64 tokens the routed launch took 1/10 to 1/90 of that path's wall time on an H100
+# (BENCHMARKS.md, "Shared experts grouped on the device").
+EXPERTS_MAX_TOKENS = 64
 ID_DTYPES = (torch.int32, torch.int64)
 
 __all__ = ["EXPERTS_MAX_TOKENS", "FP4Experts", "experts_reference", "fp4_experts_linear", "validate_experts"]
@@ -272,7 +275,7 @@ class FP4Experts(nn.Module):
         from nvfp4_gemv.linear import kernels
 
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return kernels.describe_experts(tokens * top_k, self.out_features, self.in_features, self.fmt, dtype,
+        return kernels.describe_experts(tokens, top_k, self.out_features, self.in_features, self.fmt, dtype,
                                         self.bias is not None, self.global_scale is not None, kernels.sm_count(index))
 
     def extra_repr(self) -> str:

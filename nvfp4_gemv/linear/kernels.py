@@ -771,19 +771,20 @@ def run(out2d, x2d, weight_u8, scale, fmt, scale_layout, global_scale, bias, **o
 
 
 def experts_config(n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias: bool, global_scale: bool,
-                   sms: int = H200_SMS, **override) -> LinearW4A16Config:
+                   sms: int = H200_SMS, tokens: int = 2, **override) -> LinearW4A16Config:
     """The config of a routed launch (LinearW4A16Experts), whatever its slot count: each slot's CTAs split one
     expert's N rows as a one-token call of that expert would (config_for of (1, N, K)), but with one K part and at
     most EXPERTS_K_WARPS k-warps, since slots times that call's CTAs fill the GPU where one call's may not; without
     the kernels that prepare x first. Measured on an H100 (BENCHMARKS.md, "Routed experts"): within 7 % of the best
     of five splits at 17 of 18 points of the bench's MoE shapes at 1, 4 and 16 tokens, where splitting N·slots rows
     as one weight took up to 2.0 x the time (two groups, one k-warp) and the one-token call's own split up to 1.6 x
-    (two K parts). The slots that share an expert are grouped on the device (expert_group): one CTA row reads the
-    expert for up to 8 of them (the MMA's columns), and the CTAs of the others exit."""
+    (two K parts). From two tokens on, the slots that share an expert are grouped on the device (expert_group): one
+    CTA row reads the expert for up to 8 of them (the MMA's columns), and the CTAs of the others exit. One token's
+    top_k experts are distinct as a router gives them, so its slots take the kernel without the scan."""
     one = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, block_columns=False, x_fragments=False)
     fields = {"groups": one.groups, "k_warps": min(one.k_warps, EXPERTS_K_WARPS), "k_parts": 1,
               "block_columns": False, "x_fragments": False, **override}
-    group = fields.pop("expert_group", True)
+    group = fields.pop("expert_group", tokens > 1)
     cfg = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, **fields)
     return LinearW4A16Config(**{**cfg.__dict__, "experts": ids_dtype, "expert_group": group})
 
@@ -791,14 +792,15 @@ def experts_config(n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias:
 EXPERTS_K_WARPS = 4
 
 
-def describe_experts(slots: int, n: int, k: int, fmt: str, x_dtype, bias: bool = False, global_scale: bool = False,
-                     sms: int = H200_SMS) -> str:
-    """Which kernel and config serve a routed call of `slots` (token, expert) slots (FP4Experts.path), in words."""
-    cfg = experts_config(n, k, fmt, _X_DTYPES.get(x_dtype, x_dtype), "i64", bias, global_scale, sms)
+def describe_experts(tokens: int, top_k: int, n: int, k: int, fmt: str, x_dtype, bias: bool = False,
+                     global_scale: bool = False, sms: int = H200_SMS) -> str:
+    """Which kernel and config serve a routed call of `tokens` tokens routed to `top_k` experts each
+    (FP4Experts.path), in words."""
+    cfg = experts_config(n, k, fmt, _X_DTYPES.get(x_dtype, x_dtype), "i64", bias, global_scale, sms, tokens)
     one = describe(1, n, k, fmt, x_dtype, groups=cfg.groups, k_warps=cfg.k_warps, k_parts=1, block_columns=False,
                    x_fragments=False)
-    return (f"linear_w4a16_experts: one launch of {slots} (token, expert) slots x {-(-n // cfg.rows_per_cta)} row "
-            f"tiles, each CTA on the expert its id names"
+    return (f"linear_w4a16_experts: one launch of {tokens * top_k} (token, expert) slots x "
+            f"{-(-n // cfg.rows_per_cta)} row tiles, each CTA on the expert its id names"
             + (f" with up to {cfg.tile_tokens} slots that share it (the others' CTAs exit)" if cfg.expert_group else "")
             + f", split as one expert's one-token call with one K part and at most {EXPERTS_K_WARPS} k-warps: " + one)
 
@@ -812,11 +814,10 @@ def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, ha
     """The routed launch of one call signature: `launch(out, x2d, weight_u8, scale, global_scale, bias, ids)` with
     out (T, top_k, N), x2d (T, K), the stacked weight (E, N, K/2) as bytes and its scales (E, N, K/block) (NVFP4's
     may be e4m3), global_scale (E,) fp32 or None, bias (E, N) or None, ids (T, top_k); weight, scales, out and ids
-    contiguous (the kernel views them by row and slot). One config for every slot count (experts_config), compiled
-    on the first call."""
-    plan = []
-    cfg = experts_config(n, k, fmt, _X_DTYPES[x_dtype], _ID_DTYPES[ids_dtype], has_bias, has_global_scale,
-                         sm_count(device.index), **{"sf_dtype": _SF_DTYPES[scale_dtype], **override})
+    contiguous (the kernel views them by row and slot). Two configs (experts_config): one token's, and the grouped
+    one for more, each compiled on its first call."""
+    plans = {}
+    fields = {"sf_dtype": _SF_DTYPES[scale_dtype], **override}
     no_bias = _dummy(device, x_dtype).view(1, 1)
 
     def launch(out, x2d, weight_u8, scale, global_scale, bias, ids):
@@ -831,11 +832,14 @@ def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, ha
             raise ValueError(f"fp4_experts_linear: (T, slots, E, N, K) = ({t}, {t * top_k}, {experts}, {n}, {k}) is "
                              f"too large for the kernel: {LinearW4A16Experts.can_implement.__doc__} Split the experts "
                              f"or the call.")
-        if not plan:
-            plan.append(raw_function(compile_kernel(LinearW4A16Experts, cfg, target(capability(device)),
-                                                    stream="torch")))
+        fn = plans.get(t > 1)
+        if fn is None:
+            cfg = experts_config(n, k, fmt, _X_DTYPES[x_dtype], _ID_DTYPES[ids_dtype], has_bias, has_global_scale,
+                                 sm_count(device.index), t, **fields)
+            fn = plans[t > 1] = raw_function(compile_kernel(LinearW4A16Experts, cfg, target(capability(device)),
+                                                            stream="torch"))
         gs = _dummy(device, torch.float32) if global_scale is None else global_scale
-        plan[0](x2d, weight_u8, scale, out, gs, no_bias if bias is None else bias, ids)
+        fn(x2d, weight_u8, scale, out, gs, no_bias if bias is None else bias, ids)
 
     return launch
 
