@@ -881,7 +881,8 @@ def run(shapes=SHAPES, tokens=TOKENS, formats=FORMATS, peers: bool = True, csv_p
 # and Qwen3-30B-A3B's experts (gate_up 2 x 768 rows, down) as an NVFP4 checkpoint holds them.
 EXPERT_SHAPES = ((32, 5760, 2880, 4, "mxfp4"), (32, 2880, 2880, 4, "mxfp4"), (128, 5760, 2880, 4, "mxfp4"),
                  (128, 2880, 2880, 4, "mxfp4"), (128, 1536, 2048, 8, "nvfp4"), (128, 2048, 768, 8, "nvfp4"))
-EXPERT_TOKENS = (1, 2, 4, 8, 16, 32, 64)
+EXPERT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)
+LOOP_MAX_TOKENS = 16  # the loop of one fp4_linear a slot, timed up to this many tokens
 EXPERT_ROUTINGS = ("distinct", "random")
 
 
@@ -904,24 +905,24 @@ def _expert_ids(e: int, t: int, top_k: int, calls: int, routing: str = "distinct
 
 def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUTINGS, dtype=torch.bfloat16,
                 csv_path=None, log=print):
-    """µs per call of `fp4_experts_linear` at every (E, N, K, top_k, format), T and routing, against the read of the
-    bytes of the experts a call names. Beside it, in the same graph timer: the routed kernel one slot a CTA (no
-    groups: each slot reads its expert), and up to EXPERTS_MAX_TOKENS tokens the loop users write with one module an
-    expert (an fp4_linear a (token, expert) slot). Past EXPERTS_MAX_TOKENS tokens the routed launch is timed as well
-    (`routed`), and both it and the dispatched call (each expert's tokens through fp4_linear, the ids read on the
-    host: a sync, so no graph) as eager wall µs a call. Eager host µs a call of the dispatched op. Returns the
-    rows."""
+    """µs per call of the routed launch (`fp4_experts_linear` up to EXPERTS_MAX_TOKENS tokens) at every (E, N, K,
+    top_k, format), T and routing, against the read of the bytes of the experts a call names. Beside it, in the same
+    graph timer: the routed kernel one slot a CTA (no groups: each slot reads its expert), and up to LOOP_MAX_TOKENS
+    tokens the loop users write with one module an expert (an fp4_linear a (token, expert) slot). Eager wall µs a
+    call issued back to back (`host`: the host's time where the GPU keeps up) of `fp4_experts_linear` as dispatched
+    (past EXPERTS_MAX_TOKENS, each expert's tokens through fp4_linear with the ids read on the host) and, past
+    LOOP_MAX_TOKENS, of that host path (`host_path`). Returns the rows."""
     import functools
 
     from nvfp4_gemv.linear import fp4_experts_linear, fp4_linear, kernels
-    from nvfp4_gemv.linear.experts import EXPERTS_MAX_TOKENS, EagerExperts
+    from nvfp4_gemv.linear.experts import EagerExperts
 
     slot_kernel = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=False), max_tokens=1 << 30)
     routed = EagerExperts(max_tokens=1 << 30)
+    host_path = EagerExperts(max_tokens=0)
     rows = []
     log(f"{'E':>4} {'N x K':>11} {'top_k':>5} {'fmt':>5} {'T':>3} {'routing':>8} {'experts':>7} {'read':>7} "
-        f"{'ours':>7} {'/read':>6} {'slot':>7} {'s/ours':>6} {'loop':>7} {'l/ours':>6} {'wall':>7} {'w.rout':>7} "
-        f"{'host':>6}")
+        f"{'ours':>7} {'/read':>6} {'slot':>7} {'s/ours':>6} {'loop':>7} {'l/ours':>6} {'host':>7} {'h.path':>7}")
     for e, n, k, top_k, fmt in shapes:
         w = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device="cuda")
         block = 16 if fmt == "nvfp4" else 32
@@ -937,9 +938,6 @@ def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUT
                 pool, distinct = _expert_ids(e, t, top_k, calls, routing)
                 x = torch.randn(t, k, device="cuda").to(dtype)
 
-                def one(ids):
-                    return fp4_experts_linear(x, w, sf, ids, fmt, gs)
-
                 def by(eager):
                     return lambda ids: eager(x, w, sf, ids, fmt, gs, None)
 
@@ -948,24 +946,22 @@ def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUT
                         for ex in row:
                             fp4_linear(x[i:i + 1], w[ex], sf[ex], fmt, None if gs is None else gs[ex:ex + 1])
 
-                small = t <= EXPERTS_MAX_TOKENS
-                ours_us = B.graph_time_us(one if small else by(routed), pool)
+                ours_us = B.graph_time_us(by(routed), pool)
                 slot_us = B.graph_time_us(by(slot_kernel), pool)
-                loop_us = B.graph_time_us(loop, [p.tolist() for p in pool]) if small else float("nan")
-                wall = B.host_cost_us(one, pool[0], iters=100 if small else 20)
-                wall_routed = wall if small else B.host_cost_us(by(routed), pool[0], iters=100)
+                loop_us = B.graph_time_us(loop, [p.tolist() for p in pool]) if t <= LOOP_MAX_TOKENS else float("nan")
+                one = lambda ids: fp4_experts_linear(x, w, sf, ids, fmt, gs)  # noqa: E731
+                host = B.host_cost_us(one, pool[0], iters=500 if t <= LOOP_MAX_TOKENS else 20)
+                path = B.host_cost_us(by(host_path), pool[0], iters=20) if t > LOOP_MAX_TOKENS else float("nan")
                 nbytes = per_expert * round(sum(distinct) / len(distinct))
                 read = _time(lambda: B.stream_read_variant(nbytes))
-                host = B.host_cost_us(one, pool[0], iters=500) if small else float("nan")
                 row = dict(experts=e, n=n, k=k, top_k=top_k, t=t, routing=routing, fmt=fmt,
                            x_dtype=str(dtype).split(".")[-1], distinct=nbytes // per_expert, read_us=read,
                            ours_us=ours_us, ratio=ours_us / read, slot_us=slot_us, slot_over_ours=slot_us / ours_us,
-                           loop_us=loop_us, loop_over_ours=loop_us / ours_us, wall_us=wall, wall_routed_us=wall_routed,
-                           host_us=host)
+                           loop_us=loop_us, loop_over_ours=loop_us / ours_us, host_us=host, host_path_us=path)
                 rows.append(row)
                 log(f"{e:>4} {n:>5}x{k:<5} {top_k:>5} {fmt:>5} {t:>3} {routing:>8} {row['distinct']:>7} {read:7.2f} "
                     f"{ours_us:7.2f} {ours_us / read:6.2f} {slot_us:7.2f} {slot_us / ours_us:6.2f} {loop_us:7.2f} "
-                    f"{loop_us / ours_us:6.2f} {wall:7.1f} {wall_routed:7.1f} {host:6.1f}")
+                    f"{loop_us / ours_us:6.2f} {host:7.1f} {path:7.1f}")
     if csv_path:
         write_csv(rows, csv_path)
     return rows
