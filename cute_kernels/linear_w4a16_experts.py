@@ -41,8 +41,8 @@ class Route:
     One slot a CTA (`group` None): the CTA's slot (its grid y) in the first column, its token in every column. With
     a group (`scan_group`'s): the slots of the group's columns, the first of them the CTA's own."""
 
-    def __init__(self, expert, top_k, n, kp, group=None):
-        self._e, self._top_k, self._n, self._kp, self._group = expert, top_k, n, kp, group
+    def __init__(self, expert, top_k, n, kp, slot, group=None):
+        self._e, self._top_k, self._n, self._kp, self._slot, self._group = expert, top_k, n, kp, slot, group
 
     @property
     def expert(self):
@@ -58,15 +58,14 @@ class Route:
 
     @property
     def token(self):
-        slot = cute.arch.block_idx()[1] if self._group is None else self._group[0]
-        return slot // self._top_k
+        return (self._slot if self._group is None else self._group[0]) // self._top_k
 
     def slot_of(self, b: int):
         """y's row for this lane's output column 2c + b, or -1."""
         if const_expr(self._group is not None):
             return self._group[1 + b]
         c = cute.arch.lane_idx() % 4
-        return Int32(cutlass.select_((2 * c + b) // self._kp == 0, cute.arch.block_idx()[1], Int32(-1)))
+        return Int32(cutlass.select_((2 * c + b) // self._kp == 0, self._slot, Int32(-1)))
 
 
 @cute.jit
@@ -170,19 +169,39 @@ class LinearW4A16Experts(LinearW4A16):
         x_words, w_words, sf, m, n, k = self.views(mX, mW, mSF, y)  # W and scales: expert e's row r at e·N + r
         ids = cute.make_tensor(mIds.iterator, cute.make_layout((slots,), stride=(1,)))
         bias = cute.make_tensor(mBias.iterator, cute.make_layout((mBias.shape[0] * mBias.shape[1],), stride=(1,)))
+        rows = (slots + self.slots_per_cta(slots, mW.shape[0]) - 1) // self.slots_per_cta(slots, mW.shape[0])
         main = self.experts_kernel(x_words, w_words, sf, y, mGS, bias, ids, m, n, k, top_k, mW.shape[0])
-        launch(main, self.launch_shape(slots * self.cfg.tokens_per_cta, n), stream)  # one slot a token tile
+        launch(main, self.launch_shape(rows * self.cfg.tokens_per_cta, n), stream)  # a CTA row: one token tile
+
+    def slots_per_cta(self, slots, experts):
+        """Slots a CTA row takes, y, y + rows, y + 2 rows, ... (rows: the grid's): one without groups; with groups,
+        the slots an expert has on average (slots / E, 1 to 8), so that where runs are long the CTAs of the slots
+        that begin none are that many fewer, and a CTA row still meets about one run's first slot (strided: a
+        router's first slots of each expert come early)."""
+        if const_expr(not self.cfg.expert_group):
+            return 1
+        return cutlass.min(cutlass.max(slots // cutlass.max(experts, 1), 1), self.cfg.tile_tokens)
 
     @cute.kernel
     def experts_kernel(self, x_words: cute.Tensor, w_words: cute.Tensor, sf: cute.Tensor, mY: cute.Tensor,
                        mGS: cute.Tensor, mBias: cute.Tensor, mIds: cute.Tensor, m: Int32, n: Int32, k: Int32,
                        top_k: Int32, experts: Int32):
-        _, slot, _ = cute.arch.block_idx()
-        e = expert_key(mIds, slot, experts)
+        _, row, _ = cute.arch.block_idx()
         kp = self.cfg.k_parts
         if const_expr(self.cfg.expert_group):
-            leads, group = scan_group(mIds, slot, e, experts, self.cfg.tile_tokens, kp)
-            if leads:
-                self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(e, top_k, n, kp, group))
+            slots = mIds.shape[0]
+            _, rows, _ = cute.arch.grid_dim()
+            per_cta = self.slots_per_cta(slots, experts)
+            i = Int32(0)
+            while i < per_cta:
+                slot = row + i * rows
+                if slot < slots:
+                    e = expert_key(mIds, slot, experts)
+                    leads, group = scan_group(mIds, slot, e, experts, self.cfg.tile_tokens, kp)
+                    if leads:
+                        self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(e, top_k, n, kp, slot, group))
+                        cute.arch.sync_threads()  # the next run's sums reuse the shared memory
+                i = i + 1
         else:
-            self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(e, top_k, n, kp))
+            e = expert_key(mIds, row, experts)
+            self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(e, top_k, n, kp, row))
