@@ -7,19 +7,21 @@ CTA (row tile, slot s) reads expert e = ids[s] (int32 or int64, as the router gi
 `LinearW4A16`'s one-token kernel on rows e·N.. of that weight. The expert's global scale (NVFP4, (E,) fp32) and bias
 ((E, N)) are read at e as well.
 
-Slots that share an expert (`expert_group`, dispatched): the slots naming e, in slot order, are cut into runs of one
-token tile (8 MMA columns). Each warp of CTA s scans the ids, 32 a round with a ballot (`scan_group`): if s begins a
-run, the CTA computes the run's slots in its MMA columns, x's row s' / top_k in column j for the run's slot s', and
-stores y[s', rows]; else it exits. So the expert's bytes are read once a run, not once a slot, and the result of a
-slot does not depend on which others share its run (each MMA column is summed on its own, in the same K order). The
-scan stops at s where s begins no run, and at the run's end where it does: up to ⌈slots / 32⌉ rounds a warp.
-Without groups, CTA s computes slot s alone, in the first column (slots that share an expert read it again, from
-DRAM unless the L2 still holds it).
+Slots that share an expert (`expert_group`, dispatched from two tokens on): the slots naming e, in slot order, are
+cut into runs of one token tile (8 MMA columns). Each warp of the CTA of slot s scans the ids, 32 a round with a
+ballot (`scan_group`): if s begins a run, the CTA computes the run's slots in its MMA columns, x's row s' / top_k in
+column j for the run's slot s', and stores y[s', rows]; else it goes on. So the expert's bytes are read once a run,
+not once a slot, and the result of a slot does not depend on which others share its run (each MMA column is summed
+on its own, in the same K order). The scan stops at s where s begins no run, and at the run's end where it does: up
+to ⌈slots / 32⌉ rounds a warp. A CTA row takes slots/E of the slots (1 to 8; `slots_per_cta`), strided over the
+grid's rows, so that where runs are long the CTAs of slots that begin none are fewer. Without groups, CTA s
+computes slot s alone, in the first column (slots that share an expert read it again, from DRAM unless the L2 still
+holds it).
 
 Nothing is sorted, counted or synchronised on the host, so the call takes CUDA-graph capture: a decode step with T
-tokens and top_k experts each is one launch of T·top_k·⌈N/rows⌉ CTAs. An id outside [0, E) reads expert 0's bytes
-and stores NaN in its slot's row (such ids form a group of their own): no read outside W, and no silent answer. The
-sums, the K order and the split over warps are those of `LinearW4A16` with the same config.
+tokens and top_k experts each is one launch of at most T·top_k·⌈N/rows⌉ CTAs. An id outside [0, E) reads expert 0's
+bytes and stores NaN in its slot's row (such ids form a group of their own): no read outside W, and no silent
+answer. The sums, the K order and the split over warps are those of `LinearW4A16` with the same config.
 """
 
 import cutlass
