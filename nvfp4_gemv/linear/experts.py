@@ -32,7 +32,7 @@ from nvfp4_gemv.linear.validate import PTR_ALIGN, _aligned, _device, _rows, _ten
 
 EXPERTS_OP_NAME = "nvfp4_gemv::fp4_experts_linear"
 # Tokens a call takes in one routed launch; past it, each expert's tokens together through fp4_linear (the ids read on
-# the host). At 32 and 64 tokens the routed launch took 1/10 to 1/90 of that path's wall time on an H100
+# the host). At 32 and 64 tokens the routed launch took 1/9 to 1/96 of that path's wall time on an H100
 # (BENCHMARKS.md, "Shared experts grouped on the device").
 EXPERTS_MAX_TOKENS = 64
 ID_DTYPES = (torch.int32, torch.int64)
