@@ -36,12 +36,12 @@ ID_DTYPES = {"i32": Int32, "i64": Int64}
 
 class Route:
     """Where one CTA's work comes from, each value formed where it is used (so the K loop holds only the expert
-    id and, with groups, the two slots this lane stores): the expert (id -1 stands for one out of range: expert 0's
+    id and the slot, or with groups the two slots this lane stores): the expert (id -1 stands for one out of range: expert 0's
     bytes, NaN stored), the expert's first row of W, whether the id was in range, this lane's token (x's row of its
     MMA column) and the slot (y's row) of each of its two output columns 2c, 2c + 1 (-1 where it stores none).
 
-    One slot a CTA (`group` None): the CTA's slot (its grid y) in the first column, its token in every column. With
-    a group (`scan_group`'s): the slots of the group's columns, the first of them the CTA's own."""
+    One slot (`group` None): `slot` in the first column, its token in every column. With a group (`scan_group`'s):
+    the slots of the run's columns, the first of them `slot`."""
 
     def __init__(self, expert, top_k, n, kp, slot, group=None):
         self._e, self._top_k, self._n, self._kp, self._slot, self._group = expert, top_k, n, kp, slot, group
@@ -95,7 +95,7 @@ def expert_key(mIds: cute.Tensor, j, experts):
 def scan_group(mIds: cute.Tensor, slot, key, experts, cap: int, kp: int):
     """A warp's scan of the ids for the group of slot `slot` (expert `key`): the slots with that expert in slot order,
     cut into runs of `cap` (a token tile). Returns (leads, (this lane's token slot, its two output slots)): whether
-    `slot` begins a run (its CTA computes the run; the others exit), this lane's MMA column's slot (r / kp of the
+    `slot` begins a run (its CTA computes the run; the others go on), this lane's MMA column's slot (r / kp of the
     run, or `slot` past the run's end: a repeated column, never stored) and the slots of its output columns
     (2c + b) / kp (or -1). Every lane and warp gets the same answer (ballots over 32 ids a round, deterministic).
     The scan stops at the end of the run, or at `slot` when it begins none."""
@@ -171,7 +171,8 @@ class LinearW4A16Experts(LinearW4A16):
         x_words, w_words, sf, m, n, k = self.views(mX, mW, mSF, y)  # W and scales: expert e's row r at e·N + r
         ids = cute.make_tensor(mIds.iterator, cute.make_layout((slots,), stride=(1,)))
         bias = cute.make_tensor(mBias.iterator, cute.make_layout((mBias.shape[0] * mBias.shape[1],), stride=(1,)))
-        rows = (slots + self.slots_per_cta(slots, mW.shape[0]) - 1) // self.slots_per_cta(slots, mW.shape[0])
+        per_cta = self.slots_per_cta(slots, mW.shape[0])
+        rows = (slots + per_cta - 1) // per_cta
         main = self.experts_kernel(x_words, w_words, sf, y, mGS, bias, ids, m, n, k, top_k, mW.shape[0])
         launch(main, self.launch_shape(rows * self.cfg.tokens_per_cta, n), stream)  # a CTA row: one token tile
 

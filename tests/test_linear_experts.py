@@ -251,7 +251,7 @@ def test_experts_config():
     said = kernels.describe_experts(4, 4, 5760, 2880, "mxfp4", torch.bfloat16)
     c = kernels.experts_config(5760, 2880, "mxfp4", "bf16", "i64", False, False)
     assert said.startswith("linear_w4a16_experts: one launch of 16 (token, expert) slots x ")
-    assert "with up to 8 slots that share it (the others' CTAs exit)" in said
+    assert ", the slots that share it in runs of up to 8 (one CTA row a run)" in said
     assert "share" not in kernels.describe_experts(1, 4, 5760, 2880, "mxfp4", torch.bfloat16)
     assert not kernels.experts_config(5760, 2880, "mxfp4", "bf16", "i64", False, False, tokens=1).expert_group
     assert f"groups={c.groups} row_warps=1 k_warps={c.k_warps} token_tiles=1" in said and "k_parts" not in said

@@ -778,9 +778,10 @@ def experts_config(n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias:
     the kernels that prepare x first. Measured on an H100 (BENCHMARKS.md, "Routed experts"): within 7 % of the best
     of five splits at 17 of 18 points of the bench's MoE shapes at 1, 4 and 16 tokens, where splitting N·slots rows
     as one weight took up to 2.0 x the time (two groups, one k-warp) and the one-token call's own split up to 1.6 x
-    (two K parts). From two tokens on, the slots that share an expert are grouped on the device (expert_group): one
-    CTA row reads the expert for up to 8 of them (the MMA's columns), and the CTAs of the others exit. One token's
-    top_k experts are distinct as a router gives them, so its slots take the kernel without the scan."""
+    (two K parts). From two tokens on, the slots that share an expert are grouped on the device (expert_group): runs
+    of up to 8 of them (the MMA's columns), each computed by the CTA row of its first slot, so one read of the expert
+    serves a run. One token's top_k experts are distinct as a router gives them, so its slots take the kernel
+    without the scan."""
     one = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, block_columns=False, x_fragments=False)
     fields = {"groups": one.groups, "k_warps": min(one.k_warps, EXPERTS_K_WARPS), "k_parts": 1,
               "block_columns": False, "x_fragments": False, **override}
@@ -801,7 +802,8 @@ def describe_experts(tokens: int, top_k: int, n: int, k: int, fmt: str, x_dtype,
                    x_fragments=False)
     return (f"linear_w4a16_experts: one launch of {tokens * top_k} (token, expert) slots x "
             f"{-(-n // cfg.rows_per_cta)} row tiles, each CTA on the expert its id names"
-            + (f" with up to {cfg.tile_tokens} slots that share it (the others' CTAs exit)" if cfg.expert_group else "")
+            + (f", the slots that share it in runs of up to {cfg.tile_tokens} (one CTA row a run)" if cfg.expert_group
+               else "")
             + f", split as one expert's one-token call with one K part and at most {EXPERTS_K_WARPS} k-warps: " + one)
 
 
