@@ -92,7 +92,7 @@ class LinearW4A16Config:
     # are all zero (an amax rule's 2^-127 for a zero block): on the whole-K fold (bf16), a pass over the warp's scales
     # before a redo (zero_blocks_check); on a vote a step (fp16), where the vote fails (fold_fits)
     w_l2_prefetch: int = 0  # 0, 64, 128 or 256: W's loads with `.L2::<n>B` (the L2 fetches that much on a miss)
-    experts: str = ""  # LinearW4A16Experts: "i32" or "i64", the expert ids' dtype (one (token, expert) slot a CTA)
+    experts: str = ""  # LinearW4A16Experts: "i32" or "i64", the expert ids' dtype (a CTA row a (token, expert) slot)
     expert_group: bool = False  # with experts: the slots that share an expert in runs of up to a token tile, each run
     # in the CTA row of its first slot (found by a warp's scan of the ids), so the expert is read once a run instead
     # of once a slot

@@ -772,16 +772,16 @@ def run(out2d, x2d, weight_u8, scale, fmt, scale_layout, global_scale, bias, **o
 
 def experts_config(n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias: bool, global_scale: bool,
                    sms: int = H200_SMS, tokens: int = 2, **override) -> LinearW4A16Config:
-    """The config of a routed launch (LinearW4A16Experts), whatever its slot count: each slot's CTAs split one
-    expert's N rows as a one-token call of that expert would (config_for of (1, N, K)), but with one K part and at
-    most EXPERTS_K_WARPS k-warps, since slots times that call's CTAs fill the GPU where one call's may not; without
-    the kernels that prepare x first. Measured on an H100 (BENCHMARKS.md, "Routed experts"): within 7 % of the best
-    of five splits at 17 of 18 points of the bench's MoE shapes at 1, 4 and 16 tokens, where splitting N·slots rows
-    as one weight took up to 2.0 x the time (two groups, one k-warp) and the one-token call's own split up to 1.6 x
-    (two K parts). From two tokens on, the slots that share an expert are grouped on the device (expert_group): runs
-    of up to 8 of them (the MMA's columns), each computed by the CTA row of its first slot, so one read of the expert
-    serves a run. One token's top_k experts are distinct as a router gives them, so its slots take the kernel
-    without the scan."""
+    """The config of a routed launch (LinearW4A16Experts) of `tokens` tokens, whatever their top_k: each slot's CTAs
+    split one expert's N rows as a one-token call of that expert would (config_for of (1, N, K)), but with one K
+    part and at most EXPERTS_K_WARPS k-warps, since slots times that call's CTAs fill the GPU where one call's may
+    not; without the kernels that prepare x first. Measured on an H100 (BENCHMARKS.md, "Routed experts"): within 7 %
+    of the best of five splits at 17 of 18 points of the bench's MoE shapes at 1, 4 and 16 tokens, where splitting
+    N·slots rows as one weight took up to 2.0 x the time (two groups, one k-warp) and the one-token call's own split
+    up to 1.6 x (two K parts). From two tokens on, the slots that share an expert are grouped on the device
+    (expert_group): runs of up to 8 of them (the MMA's columns), each computed by the CTA row of its first slot, so
+    one read of the expert serves a run. One token's top_k experts are distinct as a router gives them, so its slots
+    take the kernel without the scan."""
     one = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, block_columns=False, x_fragments=False)
     fields = {"groups": one.groups, "k_warps": min(one.k_warps, EXPERTS_K_WARPS), "k_parts": 1,
               "block_columns": False, "x_fragments": False, **override}
