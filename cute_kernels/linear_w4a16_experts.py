@@ -77,7 +77,7 @@ def nth_set_bit(mask, n):
     pos = Int32(0)
     for step in cutlass.range_constexpr(4, -1, -1):
         probe = pos + (1 << step)
-        below = Int32(cute.arch.popc(mask & ~(Uint32(0xFFFFFFFF) << Uint32(probe))))
+        below = Int32(cute.arch.popc(Uint32(mask) << Uint32(32 - probe)))  # the bits below probe (1 <= probe < 32)
         pos = Int32(cutlass.select_(below <= n, probe, pos))
     return pos
 

@@ -247,12 +247,14 @@ def test_experts_config():
                                  x_fragments=False)
         assert c.experts == "i64" and c.groups == one.groups and c.k_warps == min(one.k_warps, kernels.EXPERTS_K_WARPS)
         assert (c.k_parts, c.token_tiles, c.block_columns, c.x_fragments, c.m_major) == (1, 1, False, False, False)
-        assert c.mx_fold == one.mx_fold and c.fmt == fmt and c.x_dtype == xd and c.expert_group
-    said = kernels.describe_experts(4, 4, 5760, 2880, "mxfp4", torch.bfloat16)
+        assert c.mx_fold == one.mx_fold and c.fmt == fmt and c.x_dtype == xd
+        assert c.expert_group == (n * k // 2 >= kernels.GROUP_MIN_CODES)  # 2 tokens, 1 slot each, of 1 expert
+    said = kernels.describe_experts(8, 4, 32, 5760, 2880, "mxfp4", torch.bfloat16)
     c = kernels.experts_config(5760, 2880, "mxfp4", "bf16", "i64", False, False)
-    assert said.startswith("linear_w4a16_experts: one launch of 16 (token, expert) slots x ")
+    assert said.startswith("linear_w4a16_experts: one launch of 32 (token, expert) slots x ")
     assert ", the slots that share it in runs of up to 8 (one CTA row a run)" in said
-    assert "share" not in kernels.describe_experts(1, 4, 5760, 2880, "mxfp4", torch.bfloat16)
+    assert "share" not in kernels.describe_experts(1, 4, 4, 5760, 2880, "mxfp4", torch.bfloat16)
+    assert "share" not in kernels.describe_experts(4, 4, 32, 5760, 2880, "mxfp4", torch.bfloat16)
     assert not kernels.experts_config(5760, 2880, "mxfp4", "bf16", "i64", False, False, tokens=1).expert_group
     assert f"groups={c.groups} row_warps=1 k_warps={c.k_warps} token_tiles=1" in said and "k_parts" not in said
     assert not kernels.experts_config(5760, 2880, "mxfp4", "bf16", "i64", False, False, expert_group=False).expert_group
@@ -267,6 +269,23 @@ def test_experts_config():
     assert not can(1, 1, 8, 96, 1)  # K not a multiple of 64
 
 
+def test_expert_group_for_follows_the_measured_rule():
+    """Groups from two tokens, on experts of GROUP_MIN_CODES and more, from one slot an expert on average (two on
+    experts under GROUP_ONE_SLOT_CODES); at the edges of each bound, on the bench's MoE shapes."""
+    from nvfp4_gemv.linear import kernels
+
+    rule = kernels.expert_group_for
+    assert kernels.GROUP_MIN_CODES < kernels.GROUP_ONE_SLOT_CODES
+    assert not rule(1, 32, 4, 5760, 2880)  # one token's experts are distinct
+    assert rule(2, 32, 32, 5760, 2880) and not rule(2, 31, 32, 5760, 2880)  # 8.3 MB: one slot an expert
+    assert rule(8, 32, 32, 2880, 2880) and not rule(7, 28, 32, 2880, 2880)  # 4.1 MB
+    assert rule(32, 256, 128, 1536, 2048) and not rule(31, 248, 128, 1536, 2048)  # 1.6 MB: two slots an expert
+    assert not rule(128, 1024, 128, 2048, 768)  # 0.8 MB: never
+    assert rule(64, 512, 2, 2048, 1024) and not rule(64, 512, 2, 2048, 1023 // 64 * 64)  # 1 MiB of codes, the least
+    assert rule(8, 32, 32, 2048, 2048) and not rule(8, 31, 32, 2048, 2048)  # 2 MiB: one slot an expert
+    assert not rule(16, 126, 64, 2048, 2040) and rule(16, 128, 64, 2048, 2040)  # just under 2 MiB: two
+
+
 def test_routed_configs_fit_the_resident_warp_model(tmp_path):
     """The routed kernel's configs over the bench's MoE shapes (both formats, both x dtypes; one config a shape) meet
     the same register and spill bounds as the dispatched linear's: the route adds a few registers, no CTAs."""
@@ -278,8 +297,9 @@ def test_routed_configs_fit_the_resident_warp_model(tmp_path):
     for e, n, k, top_k, _ in EXPERT_SHAPES:
         for fmt in FORMATS:
             for xd in ("bf16", "fp16"):
-                c = kernels.experts_config(n, k, fmt, xd, "i64", False, fmt == "nvfp4")
-                configs.setdefault(config_key(c), c)
+                for group in (False, True):
+                    c = kernels.experts_config(n, k, fmt, xd, "i64", False, fmt == "nvfp4", expert_group=group)
+                    configs.setdefault(config_key(c), c)
     assert_configs_fit(configs.values(), tmp_path)
 
 
@@ -367,21 +387,24 @@ def shared_ids(t, top_k, e, seed=0, device="cuda"):
                                            (1, 130, 4096, 9, 1), (4, 1, 64, 7, 3), (6, 256, 512, 64, 4),
                                            (128, 96, 2880, 64, 8)])
 def test_gpu_shared_experts_grouped_match_reference_and_slots(fmt, dtype, e, n, k, t, top_k):
-    """Slots that share an expert, computed in runs of 8 (expert_group, dispatched): within the tolerance of the
-    reference, and bit-identical to the same kernel one slot a CTA; ids out of range form a NaN run of their own."""
+    """Slots that share an expert, computed in runs of 8 (expert_group, forced: these experts are small enough that
+    dispatch may not group them): within the tolerance of the reference, and bit-identical to the same kernel one
+    slot a CTA; ids out of range form a NaN run of their own."""
     import functools
 
     from nvfp4_gemv.linear import kernels
 
     a = operands(fmt, e, n, k, t, top_k, dtype, torch.int32, fmt == "nvfp4", True, device="cuda")
     a["expert_ids"] = shared_ids(t, top_k, e)
-    y = fp4_experts_linear(**a)
+    grouped = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=True))
+    y = grouped(*op_args(a))
     _assert_close(y, a)
     slots = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=False))
     assert torch.equal(slots(*op_args(a)), y)
+    assert torch.equal(fp4_experts_linear(**a), y)  # dispatched, whichever kernel it takes
     bad = a["expert_ids"].clone()
     bad[1::3, 0] = e + 1  # a run of ids out of range amid good ones
-    yb = fp4_experts_linear(**{**a, "expert_ids": bad})
+    yb = grouped(*op_args({**a, "expert_ids": bad}))
     nan = torch.zeros_like(bad, dtype=torch.bool)
     nan[1::3, 0] = True
     assert yb[nan].isnan().all() and torch.equal(yb[~nan], y[~nan])

@@ -793,11 +793,11 @@ def host_table(n=4096, k=4096, m=1, log=print) -> dict:
                                             x_fragments=False)
     xs = torch.randn(1, 256, device="cuda").to(torch.bfloat16)
     ws = torch.randn(256, 256, device="cuda").to(torch.bfloat16)
-    # MXFP4 on 24 MB of codes takes the block-columns kernel: a workspace and two kernels a call.
+    # MXFP4 with fp16 x on 24 MB of codes takes the block-columns kernel: a workspace and two kernels a call.
     n_bc, k_bc = 8192, 6144
     w_bc, sf_bc = random_weights(n_bc, k_bc, "mxfp4")
-    x_bc = torch.randn(m, k_bc, device="cuda").to(torch.bfloat16)
-    assert kernels.config_for(m, n_bc, k_bc, "mxfp4", "plain", "bf16", False, False).block_columns
+    x_bc = torch.randn(m, k_bc, device="cuda").to(torch.float16)
+    assert kernels.config_for(m, n_bc, k_bc, "mxfp4", "plain", "fp16", False, False).block_columns
     # The same path forced on the small weight, where the GPU keeps up with the host whatever the path.
     w_mx, sf_mx = random_weights(n, k, "mxfp4")
     launch_bc = kernels.bind(n, k, x.device, x.dtype, sf_mx.dtype, "mxfp4", "plain", False, False,
@@ -810,7 +810,7 @@ def host_table(n=4096, k=4096, m=1, log=print) -> dict:
     launch_one(y, x, w, sf, gs, None)
     rows = {
         "fp4_linear (eager op)": lambda d: fp4_linear(x, w, sf, "nvfp4", 0.5),
-        f"fp4_linear, MXFP4 {n_bc} x {k_bc} (block columns)": lambda d: fp4_linear(x_bc, w_bc, sf_bc, "mxfp4"),
+        f"fp4_linear, MXFP4 {n_bc} x {k_bc}, fp16 x (block columns)": lambda d: fp4_linear(x_bc, w_bc, sf_bc, "mxfp4"),
         "bound launch (size check + plan + launch)": lambda d: launch(y, x, w, sf, gs, None),
         "bound launch, one kernel (x_fragments off)": lambda d: launch_one(y, x, w, sf, gs, None),
         "bound launch, x in fragment order forced": lambda d: launch_xf(y, x, w, sf, gs, None),
@@ -907,7 +907,8 @@ def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUT
                 csv_path=None, log=print):
     """µs per call of the routed launch (`fp4_experts_linear` up to EXPERTS_MAX_TOKENS tokens) at every (E, N, K,
     top_k, format), T and routing, against the read of the bytes of the experts a call names. Beside it, in the same
-    graph timer: the routed kernel one slot a CTA (no groups: each slot reads its expert), and up to LOOP_MAX_TOKENS
+    graph timer: the routed kernel one slot a CTA (no groups: each slot reads its expert), the routed kernel with the
+    slots that share an expert grouped (expert_group forced; `ours` takes one of the two), and up to LOOP_MAX_TOKENS
     tokens the loop users write with one module an expert (an fp4_linear a (token, expert) slot). Eager wall µs a
     call issued back to back (`host`: the host's time where the GPU keeps up) of `fp4_experts_linear` as dispatched
     (past EXPERTS_MAX_TOKENS, each expert's tokens through fp4_linear with the ids read on the host) and, past
@@ -918,11 +919,12 @@ def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUT
     from nvfp4_gemv.linear.experts import EagerExperts
 
     slot_kernel = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=False), max_tokens=1 << 30)
+    group_kernel = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=True), max_tokens=1 << 30)
     routed = EagerExperts(max_tokens=1 << 30)
     host_path = EagerExperts(max_tokens=0)
     rows = []
     log(f"{'E':>4} {'N x K':>11} {'top_k':>5} {'fmt':>5} {'T':>3} {'routing':>8} {'experts':>7} {'read':>7} "
-        f"{'ours':>7} {'/read':>6} {'slot':>7} {'s/ours':>6} {'loop':>7} {'l/ours':>6} {'host':>7} {'h.path':>7}")
+        f"{'ours':>7} {'/read':>6} {'slot':>7} {'s/ours':>6} {'group':>7} {'g/ours':>6} {'loop':>7} {'l/ours':>6} {'host':>7} {'h.path':>7}")
     for e, n, k, top_k, fmt in shapes:
         w = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device="cuda")
         block = 16 if fmt == "nvfp4" else 32
@@ -948,6 +950,7 @@ def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUT
 
                 ours_us = B.graph_time_us(by(routed), pool)
                 slot_us = B.graph_time_us(by(slot_kernel), pool)
+                group_us = B.graph_time_us(by(group_kernel), pool)
                 loop_us = B.graph_time_us(loop, [p.tolist() for p in pool]) if t <= LOOP_MAX_TOKENS else float("nan")
                 one = lambda ids: fp4_experts_linear(x, w, sf, ids, fmt, gs)  # noqa: E731
                 host = B.host_cost_us(one, pool[0], iters=500 if t <= LOOP_MAX_TOKENS else 20)
@@ -957,10 +960,12 @@ def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUT
                 row = dict(experts=e, n=n, k=k, top_k=top_k, t=t, routing=routing, fmt=fmt,
                            x_dtype=str(dtype).split(".")[-1], distinct=nbytes // per_expert, read_us=read,
                            ours_us=ours_us, ratio=ours_us / read, slot_us=slot_us, slot_over_ours=slot_us / ours_us,
+                           group_us=group_us, group_over_ours=group_us / ours_us,
                            loop_us=loop_us, loop_over_ours=loop_us / ours_us, host_us=host, host_path_us=path)
                 rows.append(row)
                 log(f"{e:>4} {n:>5}x{k:<5} {top_k:>5} {fmt:>5} {t:>3} {routing:>8} {row['distinct']:>7} {read:7.2f} "
-                    f"{ours_us:7.2f} {ours_us / read:6.2f} {slot_us:7.2f} {slot_us / ours_us:6.2f} {loop_us:7.2f} "
+                    f"{ours_us:7.2f} {ours_us / read:6.2f} {slot_us:7.2f} {slot_us / ours_us:6.2f} {group_us:7.2f} "
+                    f"{group_us / ours_us:6.2f} {loop_us:7.2f} "
                     f"{loop_us / ours_us:6.2f} {host:7.1f} {path:7.1f}")
     if csv_path:
         write_csv(rows, csv_path)

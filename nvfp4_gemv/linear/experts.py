@@ -275,8 +275,9 @@ class FP4Experts(nn.Module):
         from nvfp4_gemv.linear import kernels
 
         index = device.index if device.index is not None else torch.cuda.current_device()
-        return kernels.describe_experts(tokens, top_k, self.out_features, self.in_features, self.fmt, dtype,
-                                        self.bias is not None, self.global_scale is not None, kernels.sm_count(index))
+        return kernels.describe_experts(tokens, top_k, self.experts, self.out_features, self.in_features, self.fmt,
+                                        dtype, self.bias is not None, self.global_scale is not None,
+                                        kernels.sm_count(index))
 
     def extra_repr(self) -> str:
         return (f"experts={self.experts}, in_features={self.in_features}, out_features={self.out_features}, "

@@ -770,22 +770,45 @@ def run(out2d, x2d, weight_u8, scale, fmt, scale_layout, global_scale, bias, **o
          global_scale is not None, bias is not None, **override)(out2d, x2d, weight_u8, scale, global_scale, bias)
 
 
+# Slots that share an expert grouped on the device (expert_group) against one slot a CTA row, graph-timed on the H200
+# (docs/experts_h200_groups.csv; BENCHMARKS.md, "Shared experts on the H200"): where nothing is shared the groups'
+# scan and 8-token tiles cost 10-15 % (20-38 % on 0.8 MB experts); from a slot an expert on average, router-like
+# routing made the groups 1.27-1.31 x faster on experts of 4 MB of codes and more, and up to 2.4-3.2 x at 4-8 slots an
+# expert; 1.5 MB experts lost at one slot an expert (0.77-0.98) and gained from two (1.06-1.27); 0.8 MB experts lost
+# at every count up to 16 an expert (0.48-0.81: the one-slot kernel's repeated reads of so small an expert come from
+# L2, and each CTA's scan of the ids is the same length whatever the expert's size).
+GROUP_MIN_CODES = 1 << 20  # N·K/2 bytes of an expert, least, for groups
+GROUP_ONE_SLOT_CODES = 2 << 20  # from here, groups from one slot an expert on average; below it, from two
+
+
+def expert_group_for(tokens: int, slots: int, experts: int, n: int, k: int) -> bool:
+    """Whether a routed call of `tokens` tokens (`slots` (token, expert) pairs over `experts` experts of N x K) groups
+    the slots that share an expert: more than one token (one token's experts are distinct), experts of at least
+    GROUP_MIN_CODES, and at least one slot an expert on average (two below GROUP_ONE_SLOT_CODES)."""
+    codes = n * k // 2
+    if tokens < 2 or codes < GROUP_MIN_CODES:
+        return False
+    return slots >= experts * (1 if codes >= GROUP_ONE_SLOT_CODES else 2)
+
+
 def experts_config(n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias: bool, global_scale: bool,
-                   sms: int = H200_SMS, tokens: int = 2, **override) -> LinearW4A16Config:
-    """The config of a routed launch (LinearW4A16Experts) of `tokens` tokens, whatever their top_k: each slot's CTAs
+                   sms: int = H200_SMS, tokens: int = 2, top_k: int = 1, experts: int = 1,
+                   **override) -> LinearW4A16Config:
+    """The config of a routed launch (LinearW4A16Experts) of `tokens` tokens routed to `top_k` of `experts`: each slot's CTAs
     split one expert's N rows as a one-token call of that expert would (config_for of (1, N, K)), but with one K
     part and at most EXPERTS_K_WARPS k-warps, since slots times that call's CTAs fill the GPU where one call's may
     not; without the kernels that prepare x first. Measured on an H100 (BENCHMARKS.md, "Routed experts"): within 7 %
     of the best of five splits at 17 of 18 points of the bench's MoE shapes at 1, 4 and 16 tokens, where splitting
     N·slots rows as one weight took up to 2.0 x the time (two groups, one k-warp) and the one-token call's own split
-    up to 1.6 x (two K parts). From two tokens on, the slots that share an expert are grouped on the device
+    up to 1.6 x (two K parts). Where expert_group_for says, the slots that share an expert are grouped on the device
     (expert_group): runs of up to 8 of them (the MMA's columns), each computed by the CTA row of its first slot, so
-    one read of the expert serves a run. One token's top_k experts are distinct as a router gives them, so its slots
-    take the kernel without the scan."""
+    one read of the expert serves a run; otherwise each slot is computed alone, without the scan."""
     one = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, block_columns=False, x_fragments=False)
     fields = {"groups": one.groups, "k_warps": min(one.k_warps, EXPERTS_K_WARPS), "k_parts": 1,
               "block_columns": False, "x_fragments": False, **override}
-    group = fields.pop("expert_group", tokens > 1)
+    group = fields.pop("expert_group", None)
+    if group is None:
+        group = expert_group_for(tokens, tokens * top_k, experts, n, k)
     cfg = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, **fields)
     return LinearW4A16Config(**{**cfg.__dict__, "experts": ids_dtype, "expert_group": group})
 
@@ -793,11 +816,12 @@ def experts_config(n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias:
 EXPERTS_K_WARPS = 4
 
 
-def describe_experts(tokens: int, top_k: int, n: int, k: int, fmt: str, x_dtype, bias: bool = False,
+def describe_experts(tokens: int, top_k: int, experts: int, n: int, k: int, fmt: str, x_dtype, bias: bool = False,
                      global_scale: bool = False, sms: int = H200_SMS) -> str:
-    """Which kernel and config serve a routed call of `tokens` tokens routed to `top_k` experts each
+    """Which kernel and config serve a routed call of `tokens` tokens routed to `top_k` of `experts` experts each
     (FP4Experts.path), in words."""
-    cfg = experts_config(n, k, fmt, _X_DTYPES.get(x_dtype, x_dtype), "i64", bias, global_scale, sms, tokens)
+    cfg = experts_config(n, k, fmt, _X_DTYPES.get(x_dtype, x_dtype), "i64", bias, global_scale, sms, tokens, top_k,
+                         experts)
     one = describe(1, n, k, fmt, x_dtype, groups=cfg.groups, k_warps=cfg.k_warps, k_parts=1, block_columns=False,
                    x_fragments=False)
     return (f"linear_w4a16_experts: one launch of {tokens * top_k} (token, expert) slots x "
@@ -816,8 +840,8 @@ def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, ha
     """The routed launch of one call signature: `launch(out, x2d, weight_u8, scale, global_scale, bias, ids)` with
     out (T, top_k, N), x2d (T, K), the stacked weight (E, N, K/2) as bytes and its scales (E, N, K/block) (NVFP4's
     may be e4m3), global_scale (E,) fp32 or None, bias (E, N) or None, ids (T, top_k); weight, scales, out and ids
-    contiguous (the kernel views them by row and slot). Two configs (experts_config): one token's, and the grouped
-    one for more, each compiled on its first call."""
+    contiguous (the kernel views them by row and slot). Two configs (experts_config): one slot a CTA row, and the
+    grouped one (expert_group_for), each compiled on its first call."""
     plans = {}
     fields = {"sf_dtype": _SF_DTYPES[scale_dtype], **override}
     no_bias = _dummy(device, x_dtype).view(1, 1)
@@ -834,11 +858,14 @@ def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, ha
             raise ValueError(f"fp4_experts_linear: (T, slots, E, N, K) = ({t}, {t * top_k}, {experts}, {n}, {k}) is "
                              f"too large for the kernel: {LinearW4A16Experts.can_implement.__doc__} Split the experts "
                              f"or the call.")
-        fn = plans.get(t > 1)
+        group = fields.get("expert_group")
+        if group is None:
+            group = expert_group_for(t, t * top_k, experts, n, k)
+        fn = plans.get(group)
         if fn is None:
             cfg = experts_config(n, k, fmt, _X_DTYPES[x_dtype], _ID_DTYPES[ids_dtype], has_bias, has_global_scale,
-                                 sm_count(device.index), t, **fields)
-            fn = plans[t > 1] = raw_function(compile_kernel(LinearW4A16Experts, cfg, target(capability(device)),
+                                 sm_count(device.index), **{**fields, "expert_group": group})
+            fn = plans[group] = raw_function(compile_kernel(LinearW4A16Experts, cfg, target(capability(device)),
                                                             stream="torch"))
         gs = _dummy(device, torch.float32) if global_scale is None else global_scale
         fn(x2d, weight_u8, scale, out, gs, no_bias if bias is None else bias, ids)
