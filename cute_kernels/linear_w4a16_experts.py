@@ -7,8 +7,8 @@ CTA (row tile, slot s) reads expert e = ids[s] (int32 or int64, as the router gi
 `LinearW4A16`'s one-token kernel on rows e·N.. of that weight. The expert's global scale (NVFP4, (E,) fp32) and bias
 ((E, N)) are read at e as well.
 
-Slots that share an expert (`expert_group`, dispatched from two tokens on): the slots naming e, in slot order, are
-cut into runs of one token tile (8 MMA columns). Each warp of the CTA of slot s scans the ids, 32 a round with a
+Slots that share an expert (`expert_group`, dispatched by `kernels.expert_group_for`): the slots naming e, in slot
+order, are cut into runs of one token tile (8 MMA columns). Each warp of the CTA of slot s scans the ids, 32 a round with a
 ballot (`scan_group`): if s begins a run, the CTA computes the run's slots in its MMA columns, x's row s' / top_k in
 column j for the run's slot s', and stores y[s', rows]; else it goes on. So the expert's bytes are read once a run,
 not once a slot, and the result of a slot does not depend on which others share its run (each MMA column is summed
