@@ -96,6 +96,8 @@ class LinearW4A16Config:
     expert_group: bool = False  # with experts: the slots that share an expert in runs of up to a token tile, each run
     # in the CTA row of its first slot (found by a warp's scan of the ids), so the expert is read once a run instead
     # of once a slot
+    expert_runs: bool = False  # with experts ("i32"): the same runs, read from a table the host made on the device
+    # (`kernels.run_table`: a row a run, its expert and its slots) instead of scanned: CTA row r runs row r
 
     def __post_init__(self):
         if self.fmt not in FORMATS:
@@ -127,6 +129,9 @@ class LinearW4A16Config:
                              f"columns, no x in fragment order and no m_major, got {self}")
         if self.expert_group and not self.experts:
             raise ValueError(f"expert_group is a way of routing experts (experts = 'i32' or 'i64'), got {self}")
+        if self.expert_runs and (self.experts != "i32" or self.expert_group):
+            raise ValueError(f"expert_runs reads a run table of int32 (experts = 'i32'), in place of expert_group's "
+                             f"scan, got {self}")
         if self.mx_fold and (self.fmt != "mxfp4" or self.block_columns):
             raise ValueError(f"mx_fold is MXFP4's scale fold in the default kernel, got {self}")
         if self.mx_fold_redo and not self.mx_fold:

@@ -8,18 +8,24 @@ CTA (row tile, slot s) reads expert e = ids[s] (int32 or int64, as the router gi
 ((E, N)) are read at e as well.
 
 Slots that share an expert (`expert_group`, dispatched by `kernels.expert_group_for`): the slots naming e, in slot
-order, are cut into runs of one token tile (8 MMA columns). Each warp of the CTA of slot s scans the ids, 32 a round with a
-ballot (`scan_group`): if s begins a run, the CTA computes the run's slots in its MMA columns, x's row s' / top_k in
-column j for the run's slot s', and stores y[s', rows]; else it goes on. So the expert's bytes are read once a run,
-not once a slot, and the result of a slot does not depend on which others share its run (each MMA column is summed
-on its own, in the same K order). The scan stops at s where s begins no run, and at the run's end where it does: up
-to ⌈slots / 32⌉ rounds a warp. A CTA row takes slots/E of the slots (1 to 8; `slots_per_cta`), strided over the
-grid's rows, so that where runs are long the CTAs of slots that begin none are fewer. Without groups, CTA s
-computes slot s alone, in the first column (slots that share an expert read it again, from DRAM unless the L2 still
-holds it).
+order, are cut into runs of one token tile (8 MMA columns). Each warp of the CTA of slot s scans the ids, 32 a round
+with a ballot (`scan_group`): if s begins a run, the CTA computes the run's slots in its MMA columns, x's row s' / top_k
+in column j for the run's slot s', and stores y[s', rows]; else it goes on. So the expert's bytes are read once a run,
+not once a slot, and the result of a slot does not depend on which others share its run (each MMA column is summed on
+its own, in the same K order). The scan stops at s where s begins no run, and at the run's end where it does: up to
+⌈slots / 32⌉ rounds a warp. A CTA row takes slots/E of the slots (1 to 8; `slots_per_cta`), strided over the grid's
+rows, so that where runs are long the CTAs of slots that begin none are fewer. Without groups, CTA s computes slot s
+alone, in the first column (slots that share an expert read it again, from DRAM unless the L2 still holds it).
+
+The same runs from a table (`expert_runs`): `kernels.run_table` sorts and counts the ids on the device with torch
+(a stable sort, no sync) into a row a run, (expert, its slots), and CTA row r computes row r; rows past the last run
+(the table has as many as there can be runs) exit. No scan, whose cost grows with the slots each CTA reads, and the
+runs of one expert sit on neighbouring CTA rows. The slots of a run and their columns are the scan's, so the results
+are the same bits.
 
 Nothing is sorted, counted or synchronised on the host, so the call takes CUDA-graph capture: a decode step with T
-tokens and top_k experts each is one launch of at most T·top_k·⌈N/rows⌉ CTAs. An id outside [0, E) reads expert 0's
+tokens and top_k experts each is one launch of at most T·top_k·⌈N/rows⌉ CTAs (with a run table, a few small torch
+kernels before it). An id outside [0, E) reads expert 0's
 bytes and stores NaN in its slot's row (such ids form a group of their own): no read outside W, and no silent
 answer. The sums, the K order and the split over warps are those of `LinearW4A16` with the same config.
 """
@@ -32,16 +38,18 @@ from cute_kernels.compile import launch
 from cute_kernels.linear_w4a16 import SF_DTYPES, LinearW4A16
 
 ID_DTYPES = {"i32": Int32, "i64": Int64}
+RUN_UNUSED = -2  # a run table row's expert where the row holds no run (the table has rows for the most runs)
 
 
 class Route:
     """Where one CTA's work comes from, each value formed where it is used (so the K loop holds only the expert
-    id and the slot, or with groups the two slots this lane stores): the expert (id -1 stands for one out of range: expert 0's
-    bytes, NaN stored), the expert's first row of W, whether the id was in range, this lane's token (x's row of its
-    MMA column) and the slot (y's row) of each of its two output columns 2c, 2c + 1 (-1 where it stores none).
+    id and the slot, or with groups the two slots this lane stores): the expert (id -1 stands for one out of range:
+    expert 0's bytes, NaN stored), the expert's first row of W, whether the id was in range, this lane's token (x's
+    row of its MMA column) and the slot (y's row) of each of its two output columns 2c, 2c + 1 (-1 where it stores
+    none).
 
-    One slot (`group` None): `slot` in the first column, its token in every column. With a group (`scan_group`'s):
-    the slots of the run's columns, the first of them `slot`."""
+    One slot (`group` None): `slot` in the first column, its token in every column. With a group (`scan_group`'s,
+    or a run table's row): the slots of the run's columns, the first of them `slot`."""
 
     def __init__(self, expert, top_k, n, kp, slot, group=None):
         self._e, self._top_k, self._n, self._kp, self._slot, self._group = expert, top_k, n, kp, slot, group
@@ -159,7 +167,11 @@ class LinearW4A16Experts(LinearW4A16):
         gs = make_fake_tensor(Float32, (cute.sym_int(),), stride=(1,), assumed_align=4)
         bias = make_fake_tensor(xdt, (cute.sym_int(), cute.sym_int()), stride=(cute.sym_int(), 1), assumed_align=2)
         dt = ID_DTYPES[config.experts]
-        ids = make_fake_tensor(dt, (tokens, top_k), stride=(cute.sym_int(), 1), assumed_align=dt.width // 8)
+        if config.expert_runs:  # the run table (rows, 1 + a token tile): a row's expert, then its slots
+            width = 1 + config.tile_tokens
+            ids = make_fake_tensor(dt, (cute.sym_int(), width), stride=(width, 1), assumed_align=dt.width // 8)
+        else:
+            ids = make_fake_tensor(dt, (tokens, top_k), stride=(cute.sym_int(), 1), assumed_align=dt.width // 8)
         return x, w, sf, y, gs, bias, ids
 
     @cute.jit
@@ -169,10 +181,14 @@ class LinearW4A16Experts(LinearW4A16):
         slots = tokens * top_k
         y = cute.make_tensor(mY.iterator, cute.make_layout((slots, n), stride=(n, 1)))  # y by slot (contiguous)
         x_words, w_words, sf, m, n, k = self.views(mX, mW, mSF, y)  # W and scales: expert e's row r at e·N + r
-        ids = cute.make_tensor(mIds.iterator, cute.make_layout((slots,), stride=(1,)))
         bias = cute.make_tensor(mBias.iterator, cute.make_layout((mBias.shape[0] * mBias.shape[1],), stride=(1,)))
-        per_cta = self.slots_per_cta(slots, mW.shape[0])
-        rows = (slots + per_cta - 1) // per_cta
+        if const_expr(self.cfg.expert_runs):
+            ids = mIds  # the run table: a CTA row a table row
+            rows = mIds.shape[0]
+        else:
+            ids = cute.make_tensor(mIds.iterator, cute.make_layout((slots,), stride=(1,)))
+            per_cta = self.slots_per_cta(slots, mW.shape[0])
+            rows = (slots + per_cta - 1) // per_cta
         main = self.experts_kernel(x_words, w_words, sf, y, mGS, bias, ids, m, n, k, top_k, mW.shape[0])
         launch(main, self.launch_shape(rows * self.cfg.tokens_per_cta, n), stream)  # a CTA row: one token tile
 
@@ -191,7 +207,17 @@ class LinearW4A16Experts(LinearW4A16):
                        top_k: Int32, experts: Int32):
         _, row, _ = cute.arch.block_idx()
         kp = self.cfg.k_parts
-        if const_expr(self.cfg.expert_group):
+        if const_expr(self.cfg.expert_runs):
+            e = mIds[row, 0]
+            if e != Int32(RUN_UNUSED):
+                lane = cute.arch.lane_idx()
+                c = lane % 4
+                first = mIds[row, 1]
+                s_tok = mIds[row, 1 + lane // 4 // kp]
+                group = (Int32(cutlass.select_(s_tok >= 0, s_tok, first)), mIds[row, 1 + (2 * c) // kp],
+                         mIds[row, 1 + (2 * c + 1) // kp])
+                self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(e, top_k, n, kp, first, group))
+        elif const_expr(self.cfg.expert_group):
             slots = mIds.shape[0]
             _, rows, _ = cute.arch.grid_dim()
             per_cta = self.slots_per_cta(slots, experts)

@@ -297,8 +297,9 @@ def test_routed_configs_fit_the_resident_warp_model(tmp_path):
     for e, n, k, top_k, _ in EXPERT_SHAPES:
         for fmt in FORMATS:
             for xd in ("bf16", "fp16"):
-                for group in (False, True):
-                    c = kernels.experts_config(n, k, fmt, xd, "i64", False, fmt == "nvfp4", expert_group=group)
+                for ids, group, runs in (("i64", False, False), ("i64", True, False), ("i32", False, True)):
+                    c = kernels.experts_config(n, k, fmt, xd, ids, False, fmt == "nvfp4", expert_group=group,
+                                               expert_runs=runs)
                     configs.setdefault(config_key(c), c)
     assert_configs_fit(configs.values(), tmp_path)
 
@@ -318,19 +319,20 @@ def test_base_kernel_unchanged_by_routes(tmp_path):
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("kw", [dict(fmt="mxfp4", mx_fold=True, mx_fold_redo=True, bias=True),
                                 dict(fmt="nvfp4", global_scale=True, k_parts=2, x_dtype="fp16")], ids=["mx", "nv"])
-@pytest.mark.parametrize("ids", ["i32", "i64"])
-@pytest.mark.parametrize("group", [True, False], ids=["group", "slot"])
-def test_ptx_facts(tmp_path, arch, kw, ids, group):
+@pytest.mark.parametrize("ids, route", [("i32", "slot"), ("i64", "slot"), ("i32", "group"), ("i64", "group"),
+                                        ("i32", "runs")])
+def test_ptx_facts(tmp_path, arch, kw, ids, route):
     """The routed kernel reads the ids (4- or 8-byte loads), multiplies by tensor cores, stores y, and has no float
     atomics; NaN (selected as the output's, fp32's or bf16's/fp16's) is its answer for an id out of range. With
-    groups, the ids are scanned with ballots; without, none is taken."""
+    groups, the ids are scanned with ballots; without, or from a run table, none is taken."""
     from registers import compiled_ptx
 
     tmp_path.mkdir(exist_ok=True)
-    ptx = compiled_ptx("linear_w4a16_experts", "LinearW4A16Experts", {**kw, "experts": ids, "expert_group": group},
-                       arch, tmp_path, "linear_w4a16", "LinearW4A16Config")
+    cfg = {**kw, "experts": ids, "expert_group": route == "group", "expert_runs": route == "runs"}
+    ptx = compiled_ptx("linear_w4a16_experts", "LinearW4A16Experts", cfg, arch, tmp_path, "linear_w4a16",
+                       "LinearW4A16Config")
     assert "mma.sync.aligned.m16n8k16" in ptx
-    assert ("vote.sync.ballot.b32" in ptx) == group
+    assert ("vote.sync.ballot.b32" in ptx) == (route == "group")
     assert ("ld.global.b64" in ptx or "ld.global.u64" in ptx or "ld.global.s64" in ptx) == (ids == "i64")
     assert "atom.global.add.f32" not in ptx and "red.global.add.f32" not in ptx
     assert re.search(r"selp\.(b16|b32|f32)\s+%\w+, %\w+, (0x7FC0|0x7E00|0f7FC00000|0f7FFFFFFF), %p", ptx)
@@ -385,7 +387,7 @@ def shared_ids(t, top_k, e, seed=0, device="cuda"):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("e,n,k,t,top_k", [(3, 200, 2880, 16, 4), (2, 72, 128, 16, 8), (32, 520, 1024, 16, 4),
                                            (1, 130, 4096, 9, 1), (4, 1, 64, 7, 3), (6, 256, 512, 64, 4),
-                                           (128, 96, 2880, 64, 8)])
+                                           (128, 96, 2880, 64, 8), (5, 64, 256, 200, 6)])
 def test_gpu_shared_experts_grouped_match_reference_and_slots(fmt, dtype, e, n, k, t, top_k):
     """Slots that share an expert, computed in runs of 8 (expert_group, forced: these experts are small enough that
     dispatch may not group them): within the tolerance of the reference, and bit-identical to the same kernel one
@@ -396,18 +398,23 @@ def test_gpu_shared_experts_grouped_match_reference_and_slots(fmt, dtype, e, n, 
 
     a = operands(fmt, e, n, k, t, top_k, dtype, torch.int32, fmt == "nvfp4", True, device="cuda")
     a["expert_ids"] = shared_ids(t, top_k, e)
-    grouped = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=True))
+    grouped = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=True), max_tokens=1 << 30)
     y = grouped(*op_args(a))
     _assert_close(y, a)
-    slots = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=False))
+    slots = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=False), max_tokens=1 << 30)
     assert torch.equal(slots(*op_args(a)), y)
-    assert torch.equal(fp4_experts_linear(**a), y)  # dispatched, whichever kernel it takes
+    if t <= EXPERTS_MAX_TOKENS:
+        assert torch.equal(fp4_experts_linear(**a), y)  # dispatched, whichever kernel it takes
     bad = a["expert_ids"].clone()
     bad[1::3, 0] = e + 1  # a run of ids out of range amid good ones
     yb = grouped(*op_args({**a, "expert_ids": bad}))
     nan = torch.zeros_like(bad, dtype=torch.bool)
     nan[1::3, 0] = True
     assert yb[nan].isnan().all() and torch.equal(yb[~nan], y[~nan])
+    # The same runs from the table made on the device (expert_runs, int32 ids as the table holds them)
+    runs = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_runs=True), max_tokens=1 << 30)
+    assert torch.equal(runs(*op_args(a)), y)
+    assert torch.equal(runs(*op_args({**a, "expert_ids": bad})).nan_to_num(7.0), yb.nan_to_num(7.0))
 
 
 @pytest.mark.gpu
@@ -463,3 +470,27 @@ def test_gpu_cuda_graph_compile_and_repeats():
     assert torch.equal(f(a["x"], a["expert_ids"]), first)
     for _ in range(100):
         assert torch.equal(fp4_experts_linear(**a), first)
+
+
+@pytest.mark.gpu
+def test_gpu_run_table_captured_in_a_graph():
+    """The run table (torch ops on the device, no sync) and the runs kernel captured in a CUDA graph, replayed with
+    other ids: the grouped kernel's answer for those ids."""
+    import functools
+
+    from nvfp4_gemv.linear import kernels
+
+    a = operands("nvfp4", e=6, n=256, k=512, t=40, top_k=4, device="cuda")
+    a["expert_ids"] = shared_ids(40, 4, 6)
+    runs = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_runs=True), max_tokens=1 << 30)
+    grouped = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=True), max_tokens=1 << 30)
+    x, ids = a["x"].clone(), a["expert_ids"].clone()
+    runs(x, a["weight"], a["weight_scale"], ids, "nvfp4", a["global_scale"], a["bias"])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = runs(x, a["weight"], a["weight_scale"], ids, "nvfp4", a["global_scale"], a["bias"])
+    other = shared_ids(40, 4, 6, seed=3)
+    ids.copy_(other)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, grouped(*op_args({**a, "expert_ids": other})))

@@ -497,7 +497,7 @@ def test_dispatched_configs_fit_the_resident_warp_model(tmp_path):
 def config_key(c) -> tuple:
     """What sets a linear config's registers and loop: one compile stands for every config of the same key."""
     return (c.fmt, c.x_dtype, c.groups, c.token_tiles, c.k_parts, c.acc_sets, c.x_fragments, c.mx_fold,
-            c.block_columns, c.max_registers, c.k_warps, c.k_splits > 1, c.experts, c.expert_group)
+            c.block_columns, c.max_registers, c.k_warps, c.k_splits > 1, c.experts, c.expert_group, c.expert_runs)
 
 
 def assert_configs_fit(configs, tmp_path):

@@ -881,7 +881,7 @@ def run(shapes=SHAPES, tokens=TOKENS, formats=FORMATS, peers: bool = True, csv_p
 # and Qwen3-30B-A3B's experts (gate_up 2 x 768 rows, down) as an NVFP4 checkpoint holds them.
 EXPERT_SHAPES = ((32, 5760, 2880, 4, "mxfp4"), (32, 2880, 2880, 4, "mxfp4"), (128, 5760, 2880, 4, "mxfp4"),
                  (128, 2880, 2880, 4, "mxfp4"), (128, 1536, 2048, 8, "nvfp4"), (128, 2048, 768, 8, "nvfp4"))
-EXPERT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)
+EXPERT_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LOOP_MAX_TOKENS = 16  # the loop of one fp4_linear a slot, timed up to this many tokens
 EXPERT_ROUTINGS = ("distinct", "random")
 
@@ -908,7 +908,8 @@ def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUT
     """µs per call of the routed launch (`fp4_experts_linear` up to EXPERTS_MAX_TOKENS tokens) at every (E, N, K,
     top_k, format), T and routing, against the read of the bytes of the experts a call names. Beside it, in the same
     graph timer: the routed kernel one slot a CTA (no groups: each slot reads its expert), the routed kernel with the
-    slots that share an expert grouped (expert_group forced; `ours` takes one of the two), and up to LOOP_MAX_TOKENS
+    slots that share an expert grouped (expert_group forced), the same runs from a table made on the device
+    (expert_runs forced; `ours` takes one of the three), and up to LOOP_MAX_TOKENS
     tokens the loop users write with one module an expert (an fp4_linear a (token, expert) slot). Eager wall µs a
     call issued back to back (`host`: the host's time where the GPU keeps up) of `fp4_experts_linear` as dispatched
     (past EXPERTS_MAX_TOKENS, each expert's tokens through fp4_linear with the ids read on the host) and, past
@@ -920,11 +921,13 @@ def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUT
 
     slot_kernel = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=False), max_tokens=1 << 30)
     group_kernel = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=True), max_tokens=1 << 30)
+    runs_kernel = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_runs=True), max_tokens=1 << 30)
     routed = EagerExperts(max_tokens=1 << 30)
     host_path = EagerExperts(max_tokens=0)
     rows = []
     log(f"{'E':>4} {'N x K':>11} {'top_k':>5} {'fmt':>5} {'T':>3} {'routing':>8} {'experts':>7} {'read':>7} "
-        f"{'ours':>7} {'/read':>6} {'slot':>7} {'s/ours':>6} {'group':>7} {'g/ours':>6} {'loop':>7} {'l/ours':>6} {'host':>7} {'h.path':>7}")
+        f"{'ours':>7} {'/read':>6} {'slot':>7} {'s/ours':>6} {'group':>7} {'g/ours':>6} {'runs':>7} {'r/ours':>6} "
+        f"{'loop':>7} {'l/ours':>6} {'host':>7} {'h.path':>7}")
     for e, n, k, top_k, fmt in shapes:
         w = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device="cuda")
         block = 16 if fmt == "nvfp4" else 32
@@ -951,6 +954,7 @@ def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUT
                 ours_us = B.graph_time_us(by(routed), pool)
                 slot_us = B.graph_time_us(by(slot_kernel), pool)
                 group_us = B.graph_time_us(by(group_kernel), pool)
+                runs_us = B.graph_time_us(by(runs_kernel), pool)
                 loop_us = B.graph_time_us(loop, [p.tolist() for p in pool]) if t <= LOOP_MAX_TOKENS else float("nan")
                 one = lambda ids: fp4_experts_linear(x, w, sf, ids, fmt, gs)  # noqa: E731
                 host = B.host_cost_us(one, pool[0], iters=500 if t <= LOOP_MAX_TOKENS else 20)
@@ -961,11 +965,12 @@ def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUT
                            x_dtype=str(dtype).split(".")[-1], distinct=nbytes // per_expert, read_us=read,
                            ours_us=ours_us, ratio=ours_us / read, slot_us=slot_us, slot_over_ours=slot_us / ours_us,
                            group_us=group_us, group_over_ours=group_us / ours_us,
+                           runs_us=runs_us, runs_over_ours=runs_us / ours_us,
                            loop_us=loop_us, loop_over_ours=loop_us / ours_us, host_us=host, host_path_us=path)
                 rows.append(row)
                 log(f"{e:>4} {n:>5}x{k:<5} {top_k:>5} {fmt:>5} {t:>3} {routing:>8} {row['distinct']:>7} {read:7.2f} "
                     f"{ours_us:7.2f} {ours_us / read:6.2f} {slot_us:7.2f} {slot_us / ours_us:6.2f} {group_us:7.2f} "
-                    f"{group_us / ours_us:6.2f} {loop_us:7.2f} "
+                    f"{group_us / ours_us:6.2f} {runs_us:7.2f} {runs_us / ours_us:6.2f} {loop_us:7.2f} "
                     f"{loop_us / ours_us:6.2f} {host:7.1f} {path:7.1f}")
     if csv_path:
         write_csv(rows, csv_path)

@@ -794,23 +794,24 @@ def expert_group_for(tokens: int, slots: int, experts: int, n: int, k: int) -> b
 def experts_config(n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias: bool, global_scale: bool,
                    sms: int = H200_SMS, tokens: int = 2, top_k: int = 1, experts: int = 1,
                    **override) -> LinearW4A16Config:
-    """The config of a routed launch (LinearW4A16Experts) of `tokens` tokens routed to `top_k` of `experts`: each slot's CTAs
-    split one expert's N rows as a one-token call of that expert would (config_for of (1, N, K)), but with one K
-    part and at most EXPERTS_K_WARPS k-warps, since slots times that call's CTAs fill the GPU where one call's may
-    not; without the kernels that prepare x first. Measured on an H100 (BENCHMARKS.md, "Routed experts"): within 7 %
-    of the best of five splits at 17 of 18 points of the bench's MoE shapes at 1, 4 and 16 tokens, where splitting
-    N·slots rows as one weight took up to 2.0 x the time (two groups, one k-warp) and the one-token call's own split
-    up to 1.6 x (two K parts). Where expert_group_for says, the slots that share an expert are grouped on the device
-    (expert_group): runs of up to 8 of them (the MMA's columns), each computed by the CTA row of its first slot, so
-    one read of the expert serves a run; otherwise each slot is computed alone, without the scan."""
+    """The config of a routed launch (LinearW4A16Experts) of `tokens` tokens routed to `top_k` of `experts`: each slot's
+    CTAs split one expert's N rows as a one-token call of that expert would (config_for of (1, N, K)), but with one K
+    part and at most EXPERTS_K_WARPS k-warps, since slots times that call's CTAs fill the GPU where one call's may not;
+    without the kernels that prepare x first. Measured on an H100 (BENCHMARKS.md, "Routed experts"): within 7 % of the
+    best of five splits at 17 of 18 points of the bench's MoE shapes at 1, 4 and 16 tokens, where splitting N·slots rows
+    as one weight took up to 2.0 x the time (two groups, one k-warp) and the one-token call's own split up to 1.6 x (two
+    K parts). Where expert_group_for says, the slots that share an expert are grouped on the device (expert_group): runs
+    of up to 8 of them (the MMA's columns), each computed by the CTA row of its first slot, so one read of the expert
+    serves a run; otherwise each slot is computed alone, without the scan."""
     one = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, block_columns=False, x_fragments=False)
     fields = {"groups": one.groups, "k_warps": min(one.k_warps, EXPERTS_K_WARPS), "k_parts": 1,
               "block_columns": False, "x_fragments": False, **override}
+    runs = fields.pop("expert_runs", False)
     group = fields.pop("expert_group", None)
     if group is None:
-        group = expert_group_for(tokens, tokens * top_k, experts, n, k)
+        group = expert_group_for(tokens, tokens * top_k, experts, n, k) and not runs
     cfg = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, **fields)
-    return LinearW4A16Config(**{**cfg.__dict__, "experts": ids_dtype, "expert_group": group})
+    return LinearW4A16Config(**{**cfg.__dict__, "experts": ids_dtype, "expert_group": group, "expert_runs": runs})
 
 
 EXPERTS_K_WARPS = 4
@@ -834,6 +835,35 @@ def describe_experts(tokens: int, top_k: int, experts: int, n: int, k: int, fmt:
 # Slots of one routed launch at most: one CTA row a slot on the grid's y (at most 65535), so a call with more
 # (token, expert) slots is launched in chunks of whole tokens.
 SLOTS_CHUNK = 65535
+# Tokens from which a grouped call takes the run table (expert_runs) instead of the scan: None, never (the table's
+# torch ops cost a fixed few tens of µs a call; not yet measured against the scan on a GPU).
+RUNS_MIN_TOKENS = None
+
+
+def run_table(ids: torch.Tensor, experts: int, cap: int = 8) -> torch.Tensor:
+    """The runs of a routed call as LinearW4A16Experts with expert_runs reads them, made on ids' device with no sync
+    (so it takes CUDA-graph capture): int32 (rows, 1 + cap), row r = (expert, slot 0, ..., slot cap-1) of run r.
+    The slots that name expert e, in slot order, are cut into runs of `cap` (the last shorter; -1 past its end);
+    the runs come in expert order. Ids outside [0, E) form runs of their own with expert -1 (NaN stored). Rows past
+    the last run hold expert RUN_UNUSED; rows = slots // cap + min(slots, E + 1), the most runs there can be.
+    Deterministic: a stable sort and integer counts."""
+    from cute_kernels.linear_w4a16_experts import RUN_UNUSED
+
+    flat = ids.reshape(-1)
+    slots = flat.numel()
+    key = torch.where((flat >= 0) & (flat < experts), flat, experts).long()  # experts: the bucket of bad ids
+    counts = torch.zeros(experts + 1, dtype=torch.long, device=ids.device).scatter_add_(0, key, torch.ones_like(key))
+    order = torch.sort(key, stable=True).indices  # slots by expert, in slot order within one
+    runs = (counts + cap - 1) // cap
+    first_run = torch.cumsum(runs, 0) - runs
+    sorted_key = key[order]
+    rank = torch.arange(slots, device=ids.device) - (torch.cumsum(counts, 0) - counts)[sorted_key]
+    row = first_run[sorted_key] + rank // cap
+    table = torch.full((slots // cap + min(slots, experts + 1), 1 + cap), -1, dtype=torch.int32, device=ids.device)
+    table[:, 0] = RUN_UNUSED
+    table[row, 1 + rank % cap] = order.int()
+    table[row, 0] = torch.where(sorted_key == experts, -1, sorted_key).int()  # one value a row, however often written
+    return table
 
 
 def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, has_global_scale, has_bias, **override):
@@ -858,17 +888,24 @@ def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, ha
             raise ValueError(f"fp4_experts_linear: (T, slots, E, N, K) = ({t}, {t * top_k}, {experts}, {n}, {k}) is "
                              f"too large for the kernel: {LinearW4A16Experts.can_implement.__doc__} Split the experts "
                              f"or the call.")
-        group = fields.get("expert_group")
-        if group is None:
+        group, runs = fields.get("expert_group"), fields.get("expert_runs")
+        if group is None and runs is None:
             group = expert_group_for(t, t * top_k, experts, n, k)
-        fn = plans.get(group)
+            runs = group and RUNS_MIN_TOKENS is not None and t >= RUNS_MIN_TOKENS
+            group = group and not runs
+        if runs and t * top_k // 8 + min(t * top_k, experts + 1) > SLOTS_CHUNK:  # the table's rows on the grid's y
+            group, runs = True, False
+        mode = (bool(group), bool(runs))
+        fn = plans.get(mode)
         if fn is None:
-            cfg = experts_config(n, k, fmt, _X_DTYPES[x_dtype], _ID_DTYPES[ids_dtype], has_bias, has_global_scale,
-                                 sm_count(device.index), **{**fields, "expert_group": group})
-            fn = plans[group] = raw_function(compile_kernel(LinearW4A16Experts, cfg, target(capability(device)),
-                                                            stream="torch"))
+            cfg = experts_config(n, k, fmt, _X_DTYPES[x_dtype], "i32" if runs else _ID_DTYPES[ids_dtype], has_bias,
+                                 has_global_scale, sm_count(device.index),
+                                 **{**fields, "expert_group": bool(group), "expert_runs": bool(runs)})
+            fn = plans[mode] = raw_function(compile_kernel(LinearW4A16Experts, cfg, target(capability(device)),
+                                                           stream="torch"))
         gs = _dummy(device, torch.float32) if global_scale is None else global_scale
-        fn(x2d, weight_u8, scale, out, gs, no_bias if bias is None else bias, ids)
+        fn(x2d, weight_u8, scale, out, gs, no_bias if bias is None else bias,
+           run_table(ids, experts) if runs else ids)
 
     return launch
 
