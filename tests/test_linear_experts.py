@@ -286,6 +286,32 @@ def test_expert_group_for_follows_the_measured_rule():
     assert not rule(16, 126, 64, 2048, 2040) and rule(16, 128, 64, 2048, 2040)  # just under 2 MiB: two
 
 
+def test_run_table_against_a_model():
+    """kernels.run_table on random ids (in and out of range, both id dtypes): for each expert in order, then the bad
+    ids' bucket, its slots in slot order cut into runs of 8, a row each; every other row unused; as many rows as runs
+    can be."""
+    from cute_kernels.linear_w4a16_experts import RUN_UNUSED
+    from nvfp4_gemv.linear import kernels
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        e, t, top_k = (int(v) for v in torch.randint(1, 21, (3,), generator=g))
+        top_k = 1 + top_k % 6
+        ids = torch.randint(-2, e + 2, (t, top_k), generator=g).to(torch.int32 if trial % 2 else torch.int64)
+        table = kernels.run_table(ids, e)
+        flat = ids.flatten().tolist()
+        expect = []
+        for ex in [*range(e), None]:
+            members = [s for s, v in enumerate(flat) if (v == ex if ex is not None else not 0 <= v < e)]
+            for j in range(0, len(members), 8):
+                run = members[j:j + 8]
+                expect.append([-1 if ex is None else ex, *run, *[-1] * (8 - len(run))])
+        rows = table.tolist()
+        assert table.dtype == torch.int32 and table.shape == (len(flat) // 8 + min(len(flat), e + 1), 9)
+        assert rows[:len(expect)] == expect
+        assert all(r == [RUN_UNUSED] + [-1] * 8 for r in rows[len(expect):])
+
+
 def test_routed_configs_fit_the_resident_warp_model(tmp_path):
     """The routed kernel's configs over the bench's MoE shapes (both formats, both x dtypes; one config a shape) meet
     the same register and spill bounds as the dispatched linear's: the route adds a few registers, no CTAs."""

@@ -846,18 +846,17 @@ def run_table(ids: torch.Tensor, experts: int, cap: int = 8) -> torch.Tensor:
     The slots that name expert e, in slot order, are cut into runs of `cap` (the last shorter; -1 past its end);
     the runs come in expert order. Ids outside [0, E) form runs of their own with expert -1 (NaN stored). Rows past
     the last run hold expert RUN_UNUSED; rows = slots // cap + min(slots, E + 1), the most runs there can be.
-    Deterministic: a stable sort and integer counts."""
+    Deterministic: a stable sort and a binary search, no atomics."""
     from cute_kernels.linear_w4a16_experts import RUN_UNUSED
 
     flat = ids.reshape(-1)
     slots = flat.numel()
     key = torch.where((flat >= 0) & (flat < experts), flat, experts).long()  # experts: the bucket of bad ids
-    counts = torch.zeros(experts + 1, dtype=torch.long, device=ids.device).scatter_add_(0, key, torch.ones_like(key))
-    order = torch.sort(key, stable=True).indices  # slots by expert, in slot order within one
-    runs = (counts + cap - 1) // cap
+    sorted_key, order = torch.sort(key, stable=True)  # slots by expert, in slot order within one
+    first = torch.searchsorted(sorted_key, torch.arange(experts + 2, device=ids.device))  # each bucket's first slot
+    runs = (first[1:] - first[:-1] + cap - 1) // cap
     first_run = torch.cumsum(runs, 0) - runs
-    sorted_key = key[order]
-    rank = torch.arange(slots, device=ids.device) - (torch.cumsum(counts, 0) - counts)[sorted_key]
+    rank = torch.arange(slots, device=ids.device) - first[sorted_key]
     row = first_run[sorted_key] + rank // cap
     table = torch.full((slots // cap + min(slots, experts + 1), 1 + cap), -1, dtype=torch.int32, device=ids.device)
     table[:, 0] = RUN_UNUSED
