@@ -92,23 +92,31 @@ def validate_experts(x, weight, weight_scale, expert_ids, fmt, global_scale=None
     return x.shape[0], expert_ids.shape[1], e, n, k
 
 
-def _groups(expert_ids: torch.Tensor, experts: int):
-    """(expert, token indices, slot indices) of every expert some slot names, read on the host (one sync); a
-    ValueError naming expert_ids where an id is outside [0, E)."""
+def _by_expert(expert_ids: torch.Tensor, experts: int):
+    """(order, spans): the slots sorted by expert, in slot order within one, and (expert, start, count) of every
+    expert some slot names, its slots order[start:start + count]; read on the host (one sync). A ValueError naming
+    expert_ids where an id is outside [0, E)."""
     ids = expert_ids.reshape(-1).long()
     bad = (ids < 0) | (ids >= experts)
     if bool(bad.any()):
         raise ValueError(f"expert_ids: expected values in [0, {experts}) (E, from weight), got "
                          f"{ids[bad][:4].tolist()}")
     order = torch.argsort(ids, stable=True)
-    counts = torch.bincount(ids, minlength=experts).tolist()
-    start = 0
-    top_k = expert_ids.shape[1]
-    for e, count in enumerate(counts):
+    spans, start = [], 0
+    for e, count in enumerate(torch.bincount(ids, minlength=experts).tolist()):
         if count:
-            slots = order[start:start + count]
-            yield e, slots // top_k, slots
+            spans.append((e, start, count))
             start += count
+    return order, spans
+
+
+def _groups(expert_ids: torch.Tensor, experts: int):
+    """(expert, token indices, slot indices) of every expert some slot names (`_by_expert`)."""
+    order, spans = _by_expert(expert_ids, experts)
+    top_k = expert_ids.shape[1]
+    for e, start, count in spans:
+        slots = order[start:start + count]
+        yield e, slots // top_k, slots
 
 
 def experts_reference(x, weight, weight_scale, expert_ids, fmt, global_scale=None, bias=None) -> torch.Tensor:
@@ -184,16 +192,21 @@ class EagerExperts:
 
     @staticmethod
     def grouped(x, weight, weight_scale, expert_ids, fmt, global_scale, bias):
-        """Each expert's tokens through fp4_linear together (the ids read on the host)."""
+        """Each expert's tokens through fp4_linear together (the ids read on the host): x's rows gathered once in
+        expert order, each expert's run of them a contiguous slice, and the outputs put back in slot order once,
+        so a named expert costs one fp4_linear call and no gather or scatter of its own."""
         from nvfp4_gemv.linear.op import fp4_linear
 
         t, top_k = expert_ids.shape
         n = weight.shape[1]
+        order, spans = _by_expert(expert_ids, weight.shape[0])
+        xs = x[order // top_k]  # x's row of each slot, in expert order
+        parts = [fp4_linear(xs[start:start + count], weight[ex], weight_scale[ex], fmt,
+                            None if global_scale is None else global_scale[ex:ex + 1],
+                            None if bias is None else bias[ex]) for ex, start, count in spans]
         out = torch.empty(t * top_k, n, dtype=x.dtype, device=x.device)
-        for ex, tokens, slots in _groups(expert_ids, weight.shape[0]):
-            out[slots] = fp4_linear(x[tokens], weight[ex], weight_scale[ex], fmt,
-                                    None if global_scale is None else global_scale[ex:ex + 1],
-                                    None if bias is None else bias[ex])
+        if parts:
+            out[order] = torch.cat(parts)
         return out.view(t, top_k, n)
 
 
