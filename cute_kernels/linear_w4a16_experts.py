@@ -25,9 +25,9 @@ are the same bits.
 
 Nothing is sorted, counted or synchronised on the host, so the call takes CUDA-graph capture: a decode step with T
 tokens and top_k experts each is one launch of at most T·top_k·⌈N/rows⌉ CTAs (with a run table, a few small torch
-kernels before it). An id outside [0, E) reads expert 0's
-bytes and stores NaN in its slot's row (such ids form a group of their own): no read outside W, and no silent
-answer. The sums, the K order and the split over warps are those of `LinearW4A16` with the same config.
+kernels before it). An id outside [0, E) reads expert 0's bytes and stores NaN in its slot's row (such ids form a
+group of their own): no read outside W, and no silent answer. The sums, the K order and the split over warps are
+those of `LinearW4A16` with the same config.
 """
 
 import cutlass

@@ -286,6 +286,25 @@ def test_expert_group_for_follows_the_measured_rule():
     assert not rule(16, 126, 64, 2048, 2040) and rule(16, 128, 64, 2048, 2040)  # just under 2 MiB: two
 
 
+def test_experts_route(monkeypatch):
+    """Grouped or not by expert_group_for; the runs from a table from RUNS_MIN_TOKENS tokens (never while it is
+    None), and scanned where the table's rows would pass the grid's y."""
+    from nvfp4_gemv.linear import kernels
+
+    assert kernels.RUNS_MIN_TOKENS is None or kernels.RUNS_MIN_TOKENS >= 2
+    monkeypatch.setattr(kernels, "RUNS_MIN_TOKENS", 32)
+    route = kernels.experts_route
+    assert route(16, 4, 32, 5760, 2880) == (True, False) and route(32, 4, 32, 5760, 2880) == (False, True)
+    assert route(64, 8, 128, 2048, 768) == (False, False)  # 0.8 MB experts: never grouped
+    assert route(1, 4, 4, 5760, 2880) == (False, False)
+    assert kernels.run_table_rows(8192, 60000) == 1024 + 8192 <= kernels.SLOTS_CHUNK
+    assert route(9000, 7, 60000, 5760, 2880) == (True, False)  # 63000 slots: 7875 + 60001 table rows, too many
+    c = kernels.experts_config(5760, 2880, "mxfp4", "bf16", "i32", False, False, tokens=32, top_k=4, experts=32)
+    assert c.expert_runs and not c.expert_group
+    assert "from a run table made on the device" in kernels.describe_experts(32, 4, 32, 5760, 2880, "mxfp4",
+                                                                              torch.bfloat16)
+
+
 def test_run_table_against_a_model():
     """kernels.run_table on random ids (in and out of range, both id dtypes): for each expert in order, then the bad
     ids' bucket, its slots in slot order cut into runs of 8, a row each; every other row unused; as many rows as runs

@@ -806,12 +806,12 @@ def experts_config(n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias:
     one = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, block_columns=False, x_fragments=False)
     fields = {"groups": one.groups, "k_warps": min(one.k_warps, EXPERTS_K_WARPS), "k_parts": 1,
               "block_columns": False, "x_fragments": False, **override}
-    runs = fields.pop("expert_runs", False)
-    group = fields.pop("expert_group", None)
-    if group is None:
-        group = expert_group_for(tokens, tokens * top_k, experts, n, k) and not runs
+    group, runs = fields.pop("expert_group", None), fields.pop("expert_runs", None)
+    if group is None and runs is None:
+        group, runs = experts_route(tokens, top_k, experts, n, k)
     cfg = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, **fields)
-    return LinearW4A16Config(**{**cfg.__dict__, "experts": ids_dtype, "expert_group": group, "expert_runs": runs})
+    return LinearW4A16Config(**{**cfg.__dict__, "experts": "i32" if runs else ids_dtype,  # runs: the table's int32
+                                "expert_group": bool(group), "expert_runs": bool(runs)})
 
 
 EXPERTS_K_WARPS = 4
@@ -829,6 +829,8 @@ def describe_experts(tokens: int, top_k: int, experts: int, n: int, k: int, fmt:
             f"{-(-n // cfg.rows_per_cta)} row tiles, each CTA on the expert its id names"
             + (f", the slots that share it in runs of up to {cfg.tile_tokens} (one CTA row a run)" if cfg.expert_group
                else "")
+            + (f", the slots that share it in runs of up to {cfg.tile_tokens} from a run table made on the device (a "
+               f"CTA row a run)" if cfg.expert_runs else "")
             + f", split as one expert's one-token call with one K part and at most {EXPERTS_K_WARPS} k-warps: " + one)
 
 
@@ -838,14 +840,31 @@ SLOTS_CHUNK = 65535
 # Tokens from which a grouped call takes the run table (expert_runs) instead of the scan: None, never (the table's
 # torch ops cost a fixed few tens of µs a call; not yet measured against the scan on a GPU).
 RUNS_MIN_TOKENS = None
+RUN_SLOTS = 8  # slots a run at most: one token tile, the MMA's 8 columns
 
 
-def run_table(ids: torch.Tensor, experts: int, cap: int = 8) -> torch.Tensor:
+def experts_route(tokens: int, top_k: int, experts: int, n: int, k: int) -> tuple[bool, bool]:
+    """(expert_group, expert_runs) of a routed call: the slots that share an expert grouped where expert_group_for
+    says, their runs from a table from RUNS_MIN_TOKENS tokens (where the table's rows fit the grid), else scanned."""
+    slots = tokens * top_k
+    group = expert_group_for(tokens, slots, experts, n, k)
+    runs = (group and RUNS_MIN_TOKENS is not None and tokens >= RUNS_MIN_TOKENS
+            and run_table_rows(slots, experts) <= SLOTS_CHUNK)
+    return group and not runs, runs
+
+
+def run_table_rows(slots: int, experts: int, cap: int = RUN_SLOTS) -> int:
+    """The run table's rows: the most runs `slots` slots over `experts` experts (and a bucket of bad ids) can make,
+    Σ ⌈count / cap⌉ <= slots // cap + the buckets named."""
+    return slots // cap + min(slots, experts + 1)
+
+
+def run_table(ids: torch.Tensor, experts: int, cap: int = RUN_SLOTS) -> torch.Tensor:
     """The runs of a routed call as LinearW4A16Experts with expert_runs reads them, made on ids' device with no sync
     (so it takes CUDA-graph capture): int32 (rows, 1 + cap), row r = (expert, slot 0, ..., slot cap-1) of run r.
     The slots that name expert e, in slot order, are cut into runs of `cap` (the last shorter; -1 past its end);
     the runs come in expert order. Ids outside [0, E) form runs of their own with expert -1 (NaN stored). Rows past
-    the last run hold expert RUN_UNUSED; rows = slots // cap + min(slots, E + 1), the most runs there can be.
+    the last run hold expert RUN_UNUSED (run_table_rows rows, the most runs there can be).
     Deterministic: a stable sort and a binary search, no atomics."""
     from cute_kernels.linear_w4a16_experts import RUN_UNUSED
 
@@ -858,7 +877,7 @@ def run_table(ids: torch.Tensor, experts: int, cap: int = 8) -> torch.Tensor:
     first_run = torch.cumsum(runs, 0) - runs
     rank = torch.arange(slots, device=ids.device) - first[sorted_key]
     row = first_run[sorted_key] + rank // cap
-    table = torch.full((slots // cap + min(slots, experts + 1), 1 + cap), -1, dtype=torch.int32, device=ids.device)
+    table = torch.full((run_table_rows(slots, experts, cap), 1 + cap), -1, dtype=torch.int32, device=ids.device)
     table[:, 0] = RUN_UNUSED
     table[row, 1 + rank % cap] = order.int()
     table[row, 0] = torch.where(sorted_key == experts, -1, sorted_key).int()  # one value a row, however often written
@@ -869,8 +888,8 @@ def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, ha
     """The routed launch of one call signature: `launch(out, x2d, weight_u8, scale, global_scale, bias, ids)` with
     out (T, top_k, N), x2d (T, K), the stacked weight (E, N, K/2) as bytes and its scales (E, N, K/block) (NVFP4's
     may be e4m3), global_scale (E,) fp32 or None, bias (E, N) or None, ids (T, top_k); weight, scales, out and ids
-    contiguous (the kernel views them by row and slot). Two configs (experts_config): one slot a CTA row, and the
-    grouped one (expert_group_for), each compiled on its first call."""
+    contiguous (the kernel views them by row and slot). Up to three configs (experts_config, by experts_route): one
+    slot a CTA row, the runs scanned, and the runs from a table; each compiled on its first call."""
     plans = {}
     fields = {"sf_dtype": _SF_DTYPES[scale_dtype], **override}
     no_bias = _dummy(device, x_dtype).view(1, 1)
@@ -889,17 +908,14 @@ def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, ha
                              f"or the call.")
         group, runs = fields.get("expert_group"), fields.get("expert_runs")
         if group is None and runs is None:
-            group = expert_group_for(t, t * top_k, experts, n, k)
-            runs = group and RUNS_MIN_TOKENS is not None and t >= RUNS_MIN_TOKENS
-            group = group and not runs
-        if runs and t * top_k // 8 + min(t * top_k, experts + 1) > SLOTS_CHUNK:  # the table's rows on the grid's y
+            group, runs = experts_route(t, top_k, experts, n, k)
+        elif runs and run_table_rows(t * top_k, experts) > SLOTS_CHUNK:  # the table's rows past the grid's y
             group, runs = True, False
         mode = (bool(group), bool(runs))
         fn = plans.get(mode)
         if fn is None:
-            cfg = experts_config(n, k, fmt, _X_DTYPES[x_dtype], "i32" if runs else _ID_DTYPES[ids_dtype], has_bias,
-                                 has_global_scale, sm_count(device.index),
-                                 **{**fields, "expert_group": bool(group), "expert_runs": bool(runs)})
+            cfg = experts_config(n, k, fmt, _X_DTYPES[x_dtype], _ID_DTYPES[ids_dtype], has_bias, has_global_scale,
+                                 sm_count(device.index), **{**fields, "expert_group": group, "expert_runs": runs})
             fn = plans[mode] = raw_function(compile_kernel(LinearW4A16Experts, cfg, target(capability(device)),
                                                            stream="torch"))
         gs = _dummy(device, torch.float32) if global_scale is None else global_scale
