@@ -90,6 +90,16 @@ def nth_set_bit(mask, n):
     return pos
 
 
+def lane_slots(member, first, kp: int):
+    """(this lane's token slot, its two output slots) of a run whose column j holds slot member(j) (-1 past the run's
+    end): column r / kp's slot, or `first` past the end (a repeated column, never stored), and the slots of output
+    columns (2c + b) / kp (or -1). The one lane-to-column map of a group, whether the run was scanned or tabled."""
+    lane = cute.arch.lane_idx()
+    c = lane % 4
+    s_tok = member(lane // 4 // kp)
+    return Int32(cutlass.select_(s_tok >= 0, s_tok, first)), member((2 * c) // kp), member((2 * c + 1) // kp)
+
+
 @cute.jit
 def expert_key(mIds: cute.Tensor, j, experts):
     """Slot j's expert id as the kernel takes it: in [0, E), or -1 for an id outside (compared in the ids' own width,
@@ -131,11 +141,7 @@ def scan_group(mIds: cute.Tensor, slot, key, experts, cap: int, kp: int):
         seen = seen + count
         base = base + 32
         going = base < slots and (below >= 32 or (rank % cap == 0 and seen - rank < cap))
-    c = lane % 4
-    s_tok = cute.arch.shuffle_sync(found, lane // 4 // kp)
-    s_lo = cute.arch.shuffle_sync(found, (2 * c) // kp)
-    s_hi = cute.arch.shuffle_sync(found, (2 * c + 1) // kp)
-    return rank % cap == 0, (Int32(cutlass.select_(s_tok >= 0, s_tok, slot)), s_lo, s_hi)
+    return rank % cap == 0, lane_slots(lambda j: cute.arch.shuffle_sync(found, j), slot, kp)
 
 
 class LinearW4A16Experts(LinearW4A16):
@@ -210,12 +216,8 @@ class LinearW4A16Experts(LinearW4A16):
         if const_expr(self.cfg.expert_runs):
             e = mIds[row, 0]
             if e != Int32(RUN_UNUSED):
-                lane = cute.arch.lane_idx()
-                c = lane % 4
                 first = mIds[row, 1]
-                s_tok = mIds[row, 1 + lane // 4 // kp]
-                group = (Int32(cutlass.select_(s_tok >= 0, s_tok, first)), mIds[row, 1 + (2 * c) // kp],
-                         mIds[row, 1 + (2 * c + 1) // kp])
+                group = lane_slots(lambda j: mIds[row, 1 + j], first, kp)
                 self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(e, top_k, n, kp, first, group))
         elif const_expr(self.cfg.expert_group):
             slots = mIds.shape[0]
