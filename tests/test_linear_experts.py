@@ -287,15 +287,17 @@ def test_expert_group_for_follows_the_measured_rule():
 
 
 def test_experts_route(monkeypatch):
-    """Grouped or not by expert_group_for; the runs from a table from RUNS_MIN_TOKENS tokens (never while it is
-    None), and scanned where the table's rows would pass the grid's y."""
+    """From RUNS_MIN_TOKENS tokens the runs from a table, whatever the experts' size (never while it is None), unless
+    the table's rows would pass the grid's y; below it grouped or not by expert_group_for."""
     from nvfp4_gemv.linear import kernels
 
-    assert kernels.RUNS_MIN_TOKENS is None or kernels.RUNS_MIN_TOKENS >= 2
-    monkeypatch.setattr(kernels, "RUNS_MIN_TOKENS", 32)
     route = kernels.experts_route
+    assert kernels.RUNS_MIN_TOKENS == 64  # the measured cut (BENCHMARKS.md, "The run table on the H200")
+    assert route(63, 4, 32, 5760, 2880) == (True, False) and route(64, 4, 32, 5760, 2880) == (False, True)
+    assert route(63, 8, 128, 2048, 768) == (False, False) and route(64, 8, 128, 2048, 768) == (False, True)
+    monkeypatch.setattr(kernels, "RUNS_MIN_TOKENS", 32)
     assert route(16, 4, 32, 5760, 2880) == (True, False) and route(32, 4, 32, 5760, 2880) == (False, True)
-    assert route(64, 8, 128, 2048, 768) == (False, False)  # 0.8 MB experts: never grouped
+    assert route(31, 8, 128, 2048, 768) == (False, False)  # 0.8 MB experts: never scanned
     assert route(1, 4, 4, 5760, 2880) == (False, False)
     assert kernels.run_table_rows(8192, 60000) == 1024 + 8192 <= kernels.SLOTS_CHUNK
     assert route(9000, 7, 60000, 5760, 2880) == (True, False)  # 63000 slots: 7875 + 60001 table rows, too many
@@ -303,6 +305,8 @@ def test_experts_route(monkeypatch):
     assert c.expert_runs and not c.expert_group
     assert "from a run table made on the device" in kernels.describe_experts(32, 4, 32, 5760, 2880, "mxfp4",
                                                                               torch.bfloat16)
+    monkeypatch.setattr(kernels, "RUNS_MIN_TOKENS", None)
+    assert route(256, 4, 32, 5760, 2880) == (True, False) and route(256, 8, 128, 2048, 768) == (False, False)
 
 
 def test_run_table_against_a_model():

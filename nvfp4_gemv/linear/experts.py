@@ -34,9 +34,10 @@ from nvfp4_gemv.linear.validate import PTR_ALIGN, _aligned, _device, _rows, _ten
 EXPERTS_OP_NAME = "nvfp4_gemv::fp4_experts_linear"
 # Tokens a call takes in one routed launch; past it, each expert's tokens together through fp4_linear (the ids read on
 # the host). At 32 and 64 tokens the routed launch took 1/9 to 1/96 of that path's wall time on an H100
-# (BENCHMARKS.md, "Shared experts grouped on the device"); at 128 on the H200, the kernel expert_group_for picks took
-# 1/3 to 1/22 of it, and the other kernel at most 1/1.38 ("Shared experts on the H200"). Larger counts: not measured.
-EXPERTS_MAX_TOKENS = 128
+# (BENCHMARKS.md, "Shared experts grouped on the device"); on the H200 the launch as routed from 64 tokens (the runs
+# from a table) took 1/2.9 to 1/19 of it at 128 tokens and 1/1.9 to 1/19 at 256 ("The run table on the H200").
+# Larger counts: not measured.
+EXPERTS_MAX_TOKENS = 256
 ID_DTYPES = (torch.int32, torch.int64)
 
 __all__ = ["EXPERTS_MAX_TOKENS", "FP4Experts", "experts_reference", "fp4_experts_linear", "validate_experts"]

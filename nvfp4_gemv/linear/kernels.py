@@ -800,9 +800,10 @@ def experts_config(n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias:
     without the kernels that prepare x first. Measured on an H100 (BENCHMARKS.md, "Routed experts"): within 7 % of the
     best of five splits at 17 of 18 points of the bench's MoE shapes at 1, 4 and 16 tokens, where splitting N·slots rows
     as one weight took up to 2.0 x the time (two groups, one k-warp) and the one-token call's own split up to 1.6 x (two
-    K parts). Where expert_group_for says, the slots that share an expert are grouped on the device (expert_group): runs
-    of up to 8 of them (the MMA's columns), each computed by the CTA row of its first slot, so one read of the expert
-    serves a run; otherwise each slot is computed alone, without the scan."""
+    K parts). Where experts_route says, the slots that share an expert are grouped on the device: runs of up to 8 of
+    them (the MMA's columns), so one read of the expert serves a run, either found by a scan of the ids by the CTA row
+    of a run's first slot (expert_group) or read from a table made before the launch (expert_runs, a CTA row a run);
+    otherwise each slot is computed alone, without the scan."""
     one = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, block_columns=False, x_fragments=False)
     fields = {"groups": one.groups, "k_warps": min(one.k_warps, EXPERTS_K_WARPS), "k_parts": 1,
               "block_columns": False, "x_fragments": False, **override}
@@ -837,20 +838,23 @@ def describe_experts(tokens: int, top_k: int, experts: int, n: int, k: int, fmt:
 # Slots of one routed launch at most: one CTA row a slot on the grid's y (at most 65535), so a call with more
 # (token, expert) slots is launched in chunks of whole tokens.
 SLOTS_CHUNK = 65535
-# Tokens from which a grouped call takes the run table (expert_runs) instead of the scan: None, never (the table's
-# torch ops cost a fixed few tens of µs a call; not yet measured against the scan on a GPU).
-RUNS_MIN_TOKENS = None
+# Tokens from which a routed call takes its runs from a table made on the device (expert_runs), whatever the experts'
+# size, instead of the scan or one slot a CTA row. Graph-timed on the H200 (docs/experts_h200_runs.csv; BENCHMARKS.md,
+# "The run table on the H200"): over the bench's six MoE shapes the tabled runs took 0.88 of the time of the kernel
+# then dispatched at 64 tokens (0.76-1.11), 0.51 at 128 (0.35-0.65) and 0.28 at 256 (0.17-0.35); at 32 tokens 1.21
+# (0.98-1.51) and more below it, the table's torch ops costing 45-52 µs a call in a graph.
+RUNS_MIN_TOKENS = 64
 RUN_SLOTS = 8  # slots a run at most: one token tile, the MMA's 8 columns
 
 
 def experts_route(tokens: int, top_k: int, experts: int, n: int, k: int) -> tuple[bool, bool]:
-    """(expert_group, expert_runs) of a routed call: the slots that share an expert grouped where expert_group_for
-    says, their runs from a table from RUNS_MIN_TOKENS tokens (where the table's rows fit the grid), else scanned."""
+    """(expert_group, expert_runs) of a routed call: from RUNS_MIN_TOKENS tokens the runs from a table (where the
+    table's rows fit the grid), whatever the experts' size; else the slots that share an expert grouped by a scan
+    where expert_group_for says, or one slot a CTA row."""
     slots = tokens * top_k
-    group = expert_group_for(tokens, slots, experts, n, k)
-    runs = (group and RUNS_MIN_TOKENS is not None and tokens >= RUNS_MIN_TOKENS
-            and run_table_rows(slots, experts) <= SLOTS_CHUNK)
-    return group and not runs, runs
+    if RUNS_MIN_TOKENS is not None and tokens >= RUNS_MIN_TOKENS and run_table_rows(slots, experts) <= SLOTS_CHUNK:
+        return False, True
+    return expert_group_for(tokens, slots, experts, n, k), False
 
 
 def run_table_rows(slots: int, experts: int, cap: int = RUN_SLOTS) -> int:
