@@ -387,6 +387,20 @@ def test_ptx_facts(tmp_path, arch, kw, ids, route):
     assert re.search(r"selp\.(b16|b32|f32)\s+%\w+, %\w+, (0x7FC0|0x7E00|0f7FC00000|0f7FFFFFFF), %p", ptx)
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("ids", ["i32", "i64"])
+def test_run_table_kernel_ptx(tmp_path, arch, ids):
+    """The run table's maker counts with integer shared-memory atomics (no global or float atomics), ranks a round
+    of 32 slots with match.any and popc, scans the buckets with shuffles, and reads the ids in their own width."""
+    from registers import compiled_ptx
+
+    tmp_path.mkdir(exist_ok=True)
+    ptx = compiled_ptx("run_table", "RunTable", {"ids": ids}, arch, tmp_path)
+    assert "atom.shared.add.u32" in ptx and "atom.global" not in ptx and "red.global" not in ptx
+    assert "match.any.sync.b32" in ptx and "popc.b32" in ptx and "shfl.sync.up.b32" in ptx
+    assert ("ld.global.b64" in ptx or "ld.global.u64" in ptx or "ld.global.s64" in ptx) == (ids == "i64")
+
+
 # ---------------------------------------------------------------- on the GPU
 
 
@@ -523,8 +537,8 @@ def test_gpu_cuda_graph_compile_and_repeats():
 
 @pytest.mark.gpu
 def test_gpu_run_table_captured_in_a_graph():
-    """The run table (torch ops on the device, no sync) and the runs kernel captured in a CUDA graph, replayed with
-    other ids: the grouped kernel's answer for those ids."""
+    """The run table (made on the device, no sync) and the runs kernel captured in a CUDA graph, replayed with other
+    ids: the grouped kernel's answer for those ids."""
     import functools
 
     from nvfp4_gemv.linear import kernels
@@ -543,3 +557,29 @@ def test_gpu_run_table_captured_in_a_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, grouped(*op_args({**a, "expert_ids": other})))
+
+
+@pytest.mark.gpu
+def test_gpu_run_table_kernel_matches_the_torch_table():
+    """The table made by cute_kernels.run_table equals run_table_torch's, element for element: random ids in and
+    out of range (an int64 id past 2^32 among them), both id dtypes, slot counts about a round of 32 and a staged
+    chunk, few and many experts up to the kernel's last, and past it the torch table itself."""
+    from cute_kernels.run_table import BUCKETS, CHUNK
+    from nvfp4_gemv.linear import kernels
+
+    g = torch.Generator().manual_seed(1)
+    cases = [(1, 1), (31, 3), (32, 5), (33, 1), (CHUNK - 1, 7), (CHUNK, 64), (CHUNK + 1, 200), (3 * CHUNK + 17, 128),
+             (600, BUCKETS - 1), (600, BUCKETS)]
+    for i, (slots, e) in enumerate(cases):
+        ids = torch.randint(-3, e + 3, (slots,), generator=g)
+        if i % 3 == 0:  # router-like: few experts named, long runs
+            ids = torch.randint(0, min(e, 4), (slots,), generator=g)
+        if slots > 2:
+            ids[2] = 2**32 + 1
+        for dtype in (torch.int64, torch.int32):
+            flat = ids if dtype == torch.int64 else ids.clamp(-2**31, 2**31 - 1).to(torch.int32)
+            for shape in ((slots, 1), (1, slots)):
+                dev = flat.view(shape).cuda()
+                got = kernels.run_table(dev, e)
+                assert torch.equal(got.cpu(), kernels.run_table_torch(flat.view(shape), e)), (slots, e, dtype)
+                assert torch.equal(got, kernels.run_table_torch(dev, e))

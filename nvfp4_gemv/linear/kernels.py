@@ -868,8 +868,32 @@ def run_table(ids: torch.Tensor, experts: int, cap: int = RUN_SLOTS) -> torch.Te
     (so it takes CUDA-graph capture): int32 (rows, 1 + cap), row r = (expert, slot 0, ..., slot cap-1) of run r.
     The slots that name expert e, in slot order, are cut into runs of `cap` (the last shorter; -1 past its end);
     the runs come in expert order. Ids outside [0, E) form runs of their own with expert -1 (NaN stored). Rows past
-    the last run hold expert RUN_UNUSED (run_table_rows rows, the most runs there can be).
-    Deterministic: a stable sort and a binary search, no atomics."""
+    the last run hold expert RUN_UNUSED (run_table_rows rows, the most runs there can be). Deterministic.
+
+    On CUDA one launch of `cute_kernels.run_table` (one CTA; up to its BUCKETS - 1 experts), elsewhere and past that
+    `run_table_torch`, the same table from torch ops."""
+    from cute_kernels.run_table import RunTable, RunTableConfig
+
+    flat = ids.reshape(-1)
+    if not (flat.is_cuda and flat.is_contiguous() and RunTable.can_implement(flat.numel(), experts)):
+        return run_table_torch(ids, experts, cap)
+    cfg = RunTableConfig(ids="i32" if flat.dtype == torch.int32 else "i64", cap=cap)
+    table = torch.empty(run_table_rows(flat.numel(), experts, cap), 1 + cap, dtype=torch.int32, device=flat.device)
+    key = (cfg, flat.device)
+    fn = _RUN_TABLES.get(key)
+    if fn is None:
+        fn = _RUN_TABLES[key] = raw_function(compile_kernel(RunTable, cfg, target(capability(flat.device)),
+                                                            stream="torch"))
+    fn(flat, table, experts)
+    return table
+
+
+_RUN_TABLES: dict = {}  # (RunTableConfig, device) -> the compiled table maker's function
+
+
+def run_table_torch(ids: torch.Tensor, experts: int, cap: int = RUN_SLOTS) -> torch.Tensor:
+    """run_table's table from torch ops on any device (a stable sort, a binary search, no atomics): the model the
+    CUDA kernel is tested against, and its stand-in on other devices and past its experts."""
     from cute_kernels.linear_w4a16_experts import RUN_UNUSED
 
     flat = ids.reshape(-1)

@@ -1,0 +1,178 @@
+"""The run table of a routed experts call, made on the device in one launch: the table `LinearW4A16Experts` reads
+with `expert_runs` (a CTA row a run), in place of a dozen torch kernels.
+
+The table's contract (`nvfp4_gemv.linear.kernels.run_table` states it and keeps a torch model of it): int32 (rows,
+1 + cap), row r = (expert, slot 0, ..., slot cap-1) of run r. The slots that name expert e, in slot order, are cut into
+runs of `cap` (the last shorter; -1 past its end); the runs come in expert order, then the runs of the ids outside
+[0, E) (expert -1); rows past the last run hold expert RUN_UNUSED. Deterministic: the same table, bit for bit, as the
+torch model, whatever the order the hardware runs the threads in.
+
+One CTA of THREADS threads, four steps with a barrier between:
+
+    1. every thread: the table filled as unused, a bucket count zeroed for each expert and one for the bad ids
+    2. every thread: each slot's bucket counted in shared memory (integer atomics: the counts do not depend on
+       their order)
+    3. warp 0: each bucket's first row, ⌈count / cap⌉ runs a bucket summed in bucket order (a lane's share of the
+       buckets, then a warp scan)
+    4. slots in order, CHUNK at a time staged in shared memory by every thread; warp 0 places 32 a round: a lane's
+       rank among the slots of its bucket is the bucket's slots placed before the round plus the lanes below it with
+       the same bucket (`match.any`), so the order is the slots', not the atomics'
+
+Steps 1-3 take about (rows · (1 + cap) + slots) / THREADS stores and loads a thread and (E + 1) / 32 a lane; step 4
+is ⌈slots / 32⌉ dependent rounds of warp 0 (a few hundred cycles each). Up to BUCKETS - 1 experts (the counts live
+in shared memory); the caller keeps the torch table past that.
+"""
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Uint32
+
+from cute_kernels.compile import SmemAllocator, launch
+from cute_kernels.linear_w4a16_experts import ID_DTYPES, RUN_UNUSED, expert_key
+
+THREADS = 512
+BUCKETS = 4096  # E + 1 (the bad ids' bucket) at most
+CHUNK = 2048  # slots staged in shared memory at a time
+
+
+@cute.jit
+def bucket(mIds: cute.Tensor, j, experts):
+    """Slot j's bucket: its expert, or E for an id outside [0, E)."""
+    e = expert_key(mIds, j, experts)
+    return Int32(cutlass.select_(e >= 0, e, experts))
+
+
+@dataclass(frozen=True)
+class RunTableConfig:
+    """The cache key of one compiled table maker."""
+
+    ids: str = "i64"  # the ids' dtype: "i32" or "i64"
+    cap: int = 8  # slots a run at most (the experts kernel's token tile)
+
+    def __post_init__(self):
+        if self.ids not in ID_DTYPES:
+            raise ValueError(f"ids must be one of {sorted(ID_DTYPES)}, got {self.ids!r}")
+        if not 1 <= self.cap <= 32:
+            raise ValueError(f"cap must be 1 to 32, got {self.cap}")
+
+
+class RunTable:
+    """Call it as (ids (slots,) contiguous, table (rows, 1 + cap) int32 contiguous, E): writes every element of the
+    table (rows from `kernels.run_table_rows`, the most runs there can be)."""
+
+    def __init__(self, config: RunTableConfig, target=None):
+        self.cfg = config
+
+    @staticmethod
+    def can_implement(slots: int, experts: int) -> bool:
+        """At least one slot, 1 to BUCKETS - 1 experts, and the table's elements and the slots within int32."""
+        return slots >= 1 and 1 <= experts < BUCKETS and slots < 2**31 // 64
+
+    @staticmethod
+    def fake_operands(config: RunTableConfig):
+        from cutlass.cute.runtime import make_fake_tensor
+
+        dt = ID_DTYPES[config.ids]
+        width = 1 + config.cap
+        ids = make_fake_tensor(dt, (cute.sym_int(),), stride=(1,), assumed_align=dt.width // 8)
+        table = make_fake_tensor(Int32, (cute.sym_int(), width), stride=(width, 1), assumed_align=4)
+        return ids, table, Int32(1)
+
+    @cute.jit
+    def __call__(self, mIds: cute.Tensor, mTable: cute.Tensor, experts: Int32, stream=None):
+        launch(self.kernel(mIds, mTable, experts), dict(grid=[1, 1, 1], block=[THREADS, 1, 1]), stream)
+
+    @cute.kernel
+    def kernel(self, mIds: cute.Tensor, mTable: cute.Tensor, experts: Int32):
+        cap = self.cfg.cap
+        width = 1 + cap
+        tidx, _, _ = cute.arch.thread_idx()
+        warp, lane = tidx // 32, cute.arch.lane_idx()
+        slots, rows = mIds.shape[0], mTable.shape[0]
+        smem = SmemAllocator()
+        count = smem.allocate_tensor(Int32, cute.make_layout(BUCKETS), 16)  # a bucket's slots (step 4: placed)
+        first = smem.allocate_tensor(Int32, cute.make_layout(BUCKETS), 16)  # a bucket's first row
+        keys = smem.allocate_tensor(Int32, cute.make_layout(CHUNK), 16)
+
+        # 1. the table unused, the counts zero
+        i = tidx
+        while i < rows * width:
+            r = i // width
+            c = i - r * width
+            mTable[r, c] = Int32(cutlass.select_(c == 0, Int32(RUN_UNUSED), Int32(-1)))
+            i = i + THREADS
+        b = tidx
+        while b <= experts:
+            count[b] = Int32(0)
+            b = b + THREADS
+        cute.arch.sync_threads()
+
+        # 2. the counts
+        j = tidx
+        while j < slots:
+            cute.arch.atomic_add(count.iterator + bucket(mIds, j, experts), Int32(1))
+            j = j + THREADS
+        cute.arch.sync_threads()
+
+        # 3. each bucket's first row: a lane's share of the buckets in order, then an exclusive warp scan
+        if warp == 0:
+            share = (experts + 32) // 32  # ⌈(E + 1) / 32⌉
+            lo = lane * share
+            hi = cutlass.min(lo + share, experts + 1)
+            runs = Int32(0)
+            b = lo
+            while b < hi:
+                runs = runs + (count[b] + (cap - 1)) // cap
+                b = b + 1
+            total = runs
+            for d in cutlass.range_constexpr(5):
+                up = cute.arch.shuffle_sync_up(total, 1 << d)
+                if lane >= (1 << d):
+                    total = total + up
+            row = total - runs
+            b = lo
+            while b < hi:
+                first[b] = row
+                row = row + (count[b] + (cap - 1)) // cap
+                count[b] = Int32(0)
+                b = b + 1
+        cute.arch.sync_threads()
+
+        # 4. the slots in order, CHUNK at a time
+        base = Int32(0)
+        while base < slots:
+            j = tidx
+            while j < CHUNK:
+                if base + j < slots:
+                    keys[j] = bucket(mIds, base + j, experts)
+                j = j + THREADS
+            cute.arch.sync_threads()
+            if warp == 0:
+                n = cutlass.min(slots - base, Int32(CHUNK))
+                o = Int32(0)
+                while o < n:
+                    valid = o + lane < n
+                    # a lane past the slots takes a bucket of its own (BUCKETS + lane): it matches no other
+                    key = Int32(BUCKETS) + lane
+                    if valid:
+                        key = keys[o + lane]
+                    peers = Uint32(cute.arch.match_sync(Uint32(0xFFFFFFFF), key))
+                    below = Int32(cute.arch.popc(peers & cute.arch.lanemask_lt()))
+                    rank = Int32(0)
+                    if valid:
+                        rank = count[key] + below
+                    cute.arch.sync_warp()  # every lane has read its bucket's count before the last peer moves it
+                    if valid and below == Int32(cute.arch.popc(peers)) - 1:
+                        count[key] = rank + 1
+                    if valid:
+                        r = first[key] + rank // cap
+                        c = rank - (rank // cap) * cap
+                        mTable[r, 1 + c] = base + o + lane
+                        if c == 0:
+                            mTable[r, 0] = Int32(cutlass.select_(key == experts, Int32(-1), key))
+                    cute.arch.sync_warp()
+                    o = o + 32
+            cute.arch.sync_threads()  # keys are restaged
+            base = base + CHUNK
