@@ -870,13 +870,25 @@ def run_table(ids: torch.Tensor, experts: int, cap: int = RUN_SLOTS) -> torch.Te
     the runs come in expert order. Ids outside [0, E) form runs of their own with expert -1 (NaN stored). Rows past
     the last run hold expert RUN_UNUSED (run_table_rows rows, the most runs there can be). Deterministic.
 
-    On CUDA one launch of `cute_kernels.run_table` (one CTA; up to its BUCKETS - 1 experts), elsewhere and past that
-    `run_table_torch`, the same table from torch ops."""
-    from cute_kernels.run_table import RunTable, RunTableConfig
+    On CUDA, where RUN_TABLE_KERNEL is on, one launch of `cute_kernels.run_table` (`run_table_kernel`; one CTA, up
+    to its BUCKETS - 1 experts); elsewhere and past that, `run_table_torch`, the same table from torch ops."""
+    from cute_kernels.run_table import RunTable
 
     flat = ids.reshape(-1)
-    if not (flat.is_cuda and flat.is_contiguous() and RunTable.can_implement(flat.numel(), experts)):
-        return run_table_torch(ids, experts, cap)
+    if RUN_TABLE_KERNEL and flat.is_cuda and flat.is_contiguous() and RunTable.can_implement(flat.numel(), experts):
+        return run_table_kernel(flat, experts, cap)
+    return run_table_torch(ids, experts, cap)
+
+
+# The run table from one CuTe kernel rather than a dozen torch kernels: off until it has run on a GPU.
+RUN_TABLE_KERNEL = False
+
+
+def run_table_kernel(flat: torch.Tensor, experts: int, cap: int = RUN_SLOTS) -> torch.Tensor:
+    """run_table's table from one launch of `cute_kernels.run_table` on flat's CUDA device: flat the (slots,)
+    contiguous ids, RunTable.can_implement(slots, experts)."""
+    from cute_kernels.run_table import RunTable, RunTableConfig
+
     cfg = RunTableConfig(ids="i32" if flat.dtype == torch.int32 else "i64", cap=cap)
     table = torch.empty(run_table_rows(flat.numel(), experts, cap), 1 + cap, dtype=torch.int32, device=flat.device)
     key = (cfg, flat.device)
