@@ -98,9 +98,10 @@ class EagerLinear:
 
     def __call__(self, x, weight, weight_scale, fmt, global_scale, bias, scale_layout):
         try:
-            k, device = x.shape[-1], x.device
-            key = (fmt, scale_layout, x.dtype, device, k, weight.dtype, weight.shape, weight.stride(),
-                   weight.device, weight_scale.dtype, weight_scale.shape, weight_scale.stride(), weight_scale.device,
+            shape, w_shape = x.shape, weight.shape
+            k, device = shape[-1], x.device
+            key = (fmt, scale_layout, x.dtype, device, k, weight.dtype, w_shape, weight.stride(), weight.device,
+                   weight_scale.dtype, weight_scale.shape, weight_scale.stride(), weight_scale.device,
                    None if global_scale is None else _meta(global_scale), None if bias is None else _meta(bias))
             launch = self.launches.get(key)
             if launch is None:
@@ -118,15 +119,16 @@ class EagerLinear:
             if type(global_scale) is not float or global_scale - global_scale != 0:
                 check_global_scale(format_of(fmt), global_scale)
             global_scale = self.scale_tensor(global_scale, device)
-        n = weight.shape[0]
-        x2d = x if x.dim() == 2 else x.reshape(x.numel() // k, k)
+        n = w_shape[0]
+        flat = len(shape) == 2
+        x2d = x if flat else x.reshape(x.numel() // k, k)
         if not x2d.is_contiguous() or x2d.data_ptr() % PTR_ALIGN:
             x2d = x2d.clone(memory_format=torch.contiguous_format)
         m = x2d.shape[0]
         out = torch.empty(m, n, dtype=x.dtype, device=device)  # sizes as arguments: faster than a tuple
         if m:
             launch(out, x2d, weight, weight_scale, global_scale, bias)
-        return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
+        return out if flat else out.view(*shape[:-1], n)
 
 
 EAGER = EagerLinear()
