@@ -17,15 +17,15 @@ its own, in the same K order). The scan stops at s where s begins no run, and at
 rows, so that where runs are long the CTAs of slots that begin none are fewer. Without groups, CTA s computes slot s
 alone, in the first column (slots that share an expert read it again, from DRAM unless the L2 still holds it).
 
-The same runs from a table (`expert_runs`): `kernels.run_table` counts and places the ids on the device (one launch
-of `cute_kernels.run_table`, no sync) into a row a run, (expert, its slots), and CTA row r computes row r; rows past
-the last run (the table has as many as there can be runs) exit. No scan, whose cost grows with the slots each CTA
-reads, and the runs of one expert sit on neighbouring CTA rows. The slots of a run and their columns are the scan's, so the results
-are the same bits.
+The same runs from a table (`expert_runs`): `kernels.run_table` counts and places the ids on the device (torch ops,
+or one launch of `cute_kernels.run_table` where `kernels.RUN_TABLE_KERNEL` is on; no sync) into a row a run,
+(expert, its slots), and CTA row r computes row r; rows past the last run (the table has as many as there can be
+runs) exit. No scan, whose cost grows with the slots each CTA reads, and the runs of one expert sit on neighbouring
+CTA rows. The slots of a run and their columns are the scan's, so the results are the same bits.
 
 Nothing is sorted, counted or synchronised on the host, so the call takes CUDA-graph capture: a decode step with T
-tokens and top_k experts each is one launch of at most T·top_k·⌈N/rows⌉ CTAs (with a run table, one small kernel
-before it). An id outside [0, E) reads expert 0's bytes and stores NaN in its slot's row (such ids form a
+tokens and top_k experts each is one launch of at most T·top_k·⌈N/rows⌉ CTAs (with a run table, the table's
+kernels before it). An id outside [0, E) reads expert 0's bytes and stores NaN in its slot's row (such ids form a
 group of their own): no read outside W, and no silent answer. The sums, the K order and the split over warps are
 those of `LinearW4A16` with the same config.
 """

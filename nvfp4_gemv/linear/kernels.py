@@ -16,6 +16,7 @@ from cute_kernels.linear_w4a16 import STEP_K, LinearW4A16, LinearW4A16Config
 from cute_kernels.linear_w4a16_columns import LinearW4A16Columns, prepared_words
 from cute_kernels.linear_w4a16_experts import LinearW4A16Experts
 from cute_kernels.linear_w4a16_fragments import LinearW4A16Fragments, fragment_words
+from cute_kernels.run_table import RunTable, RunTableConfig
 from cute_kernels.targets import target
 from cute_kernels.tc_workspace import capability, sm_count
 from nvfp4_gemv.dispatch import MAX_CTAS_PER_SM, REGISTER_FILE, ctas_per_sm, last_wave_fill
@@ -872,8 +873,6 @@ def run_table(ids: torch.Tensor, experts: int, cap: int = RUN_SLOTS) -> torch.Te
 
     On CUDA, where RUN_TABLE_KERNEL is on, one launch of `cute_kernels.run_table` (`run_table_kernel`; one CTA, up
     to its BUCKETS - 1 experts); elsewhere and past that, `run_table_torch`, the same table from torch ops."""
-    from cute_kernels.run_table import RunTable
-
     flat = ids.reshape(-1)
     if RUN_TABLE_KERNEL and flat.is_cuda and flat.is_contiguous() and RunTable.can_implement(flat.numel(), experts):
         return run_table_kernel(flat, experts, cap)
@@ -887,8 +886,6 @@ RUN_TABLE_KERNEL = False
 def run_table_kernel(flat: torch.Tensor, experts: int, cap: int = RUN_SLOTS) -> torch.Tensor:
     """run_table's table from one launch of `cute_kernels.run_table` on flat's CUDA device: flat the (slots,)
     contiguous ids, RunTable.can_implement(slots, experts)."""
-    from cute_kernels.run_table import RunTable, RunTableConfig
-
     cfg = RunTableConfig(ids="i32" if flat.dtype == torch.int32 else "i64", cap=cap)
     table = torch.empty(run_table_rows(flat.numel(), experts, cap), 1 + cap, dtype=torch.int32, device=flat.device)
     key = (cfg, flat.device)
