@@ -903,6 +903,72 @@ def _expert_ids(e: int, t: int, top_k: int, calls: int, routing: str = "distinct
     return pool, distinct
 
 
+def _expert_weights(e: int, n: int, k: int, fmt: str):
+    """(weight, weight_scale, global_scale) of `e` random experts of N x K in `fmt` on the GPU, scales in the
+    bench's range (global_scale None for MXFP4)."""
+    w = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device="cuda")
+    block = 16 if fmt == "nvfp4" else 32
+    lo, hi = (0x28, 0x40) if fmt == "nvfp4" else MXFP4_SCALES
+    sf = torch.randint(lo, hi + 1, (e, n, k // block), dtype=torch.uint8, device="cuda")
+    if fmt == "nvfp4":
+        sf = sf.view(torch.float8_e4m3fn)
+    gs = torch.full((e,), 0.5, device="cuda") if fmt == "nvfp4" else None
+    return w, sf, gs
+
+
+def run_table_ab(shapes=EXPERT_SHAPES, tokens=(1, 8, 16, 32, 64, 128, 256), routings=EXPERT_ROUTINGS,
+                 dtype=torch.bfloat16, csv_path=None, log=print):
+    """µs per call, graph-timed, of the routed kernel with its runs from a table made by torch ops
+    (`run_table_torch`) and by one launch of `cute_kernels.run_table` (RUN_TABLE_KERNEL on), beside the scanned
+    groups and one slot a CTA row, at every (E, N, K, top_k, format), T and routing; and the table alone, both
+    ways (`table_torch_us`, `table_kernel_us`). Returns the rows."""
+    import functools
+
+    from nvfp4_gemv.linear import kernels
+    from nvfp4_gemv.linear.experts import EagerExperts
+
+    def forced(**route):
+        return EagerExperts(bind=functools.partial(kernels.bind_experts, **route), max_tokens=1 << 30)
+
+    slot_kernel, group_kernel, runs_kernel = forced(expert_group=False), forced(expert_group=True), \
+        forced(expert_runs=True)
+    rows = []
+    log(f"{'E':>4} {'N x K':>11} {'top_k':>5} {'fmt':>5} {'T':>3} {'routing':>8} {'slot':>7} {'group':>7} "
+        f"{'runs.t':>7} {'runs.k':>7} {'k/t':>5} {'tab.t':>6} {'tab.k':>6}")
+    for e, n, k, top_k, fmt in shapes:
+        w, sf, gs = _expert_weights(e, n, k, fmt)
+        per_expert = weight_bytes(n, k, fmt)
+        for t in tokens:
+            for routing in routings if t > 1 else routings[:1]:
+                calls = max(2, -(-POOL_BYTES // (per_expert * min(e, t * top_k))))
+                pool, _ = _expert_ids(e, t, top_k, calls, routing)
+                x = torch.randn(t, k, device="cuda").to(dtype)
+
+                def by(eager):
+                    return lambda ids: eager(x, w, sf, ids, fmt, gs, None)
+
+                slot_us = B.graph_time_us(by(slot_kernel), pool)
+                group_us = B.graph_time_us(by(group_kernel), pool)
+                with _kernels_patched(RUN_TABLE_KERNEL=False):
+                    runs_torch = B.graph_time_us(by(runs_kernel), pool)
+                    table_torch = B.graph_time_us(lambda ids: kernels.run_table(ids, e), pool)
+                with _kernels_patched(RUN_TABLE_KERNEL=True):
+                    runs_kernel_us = B.graph_time_us(by(runs_kernel), pool)
+                    table_kernel = B.graph_time_us(lambda ids: kernels.run_table(ids, e), pool)
+                row = dict(experts=e, n=n, k=k, top_k=top_k, t=t, routing=routing, fmt=fmt,
+                           x_dtype=str(dtype).split(".")[-1], slot_us=slot_us, group_us=group_us,
+                           runs_torch_us=runs_torch, runs_kernel_us=runs_kernel_us,
+                           kernel_over_torch=runs_kernel_us / runs_torch, table_torch_us=table_torch,
+                           table_kernel_us=table_kernel)
+                rows.append(row)
+                log(f"{e:>4} {n:>5}x{k:<5} {top_k:>5} {fmt:>5} {t:>3} {routing:>8} {slot_us:7.2f} {group_us:7.2f} "
+                    f"{runs_torch:7.2f} {runs_kernel_us:7.2f} {runs_kernel_us / runs_torch:5.2f} {table_torch:6.2f} "
+                    f"{table_kernel:6.2f}")
+    if csv_path:
+        write_csv(rows, csv_path)
+    return rows
+
+
 def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUTINGS, dtype=torch.bfloat16,
                 csv_path=None, log=print):
     """µs per call of the routed launch (`fp4_experts_linear` up to EXPERTS_MAX_TOKENS tokens) at every (E, N, K,
@@ -929,13 +995,7 @@ def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUT
         f"{'ours':>7} {'/read':>6} {'slot':>7} {'s/ours':>6} {'group':>7} {'g/ours':>6} {'runs':>7} {'r/ours':>6} "
         f"{'loop':>7} {'l/ours':>6} {'host':>7} {'h.path':>7}")
     for e, n, k, top_k, fmt in shapes:
-        w = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device="cuda")
-        block = 16 if fmt == "nvfp4" else 32
-        lo, hi = (0x28, 0x40) if fmt == "nvfp4" else MXFP4_SCALES
-        sf = torch.randint(lo, hi + 1, (e, n, k // block), dtype=torch.uint8, device="cuda")
-        if fmt == "nvfp4":
-            sf = sf.view(torch.float8_e4m3fn)
-        gs = torch.full((e,), 0.5, device="cuda") if fmt == "nvfp4" else None
+        w, sf, gs = _expert_weights(e, n, k, fmt)
         per_expert = weight_bytes(n, k, fmt)
         for t in tokens:
             for routing in routings if t > 1 else routings[:1]:
