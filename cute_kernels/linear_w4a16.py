@@ -124,9 +124,11 @@ class LinearW4A16Config:
             raise ValueError(f"block_columns takes one K part, one token tile, one accumulator set and no m_major, "
                              f"got {self}")
         if self.experts and (self.experts not in ("i32", "i64") or self.sf_kind != "plain" or (
-                self.token_tiles, self.block_columns, self.x_fragments, self.m_major) != (1, False, False, False)):
-            raise ValueError(f"experts must be '', 'i32' or 'i64', and takes plain scales, one token tile, no block "
-                             f"columns, no x in fragment order and no m_major, got {self}")
+                self.block_columns, self.x_fragments, self.m_major) != (False, False, False)
+                or (self.token_tiles > 1 and not self.expert_runs)):
+            raise ValueError(f"experts must be '', 'i32' or 'i64', and takes plain scales, one token tile (more only "
+                             f"with expert_runs: a run a CTA row), no block columns, no x in fragment order and no "
+                             f"m_major, got {self}")
         if self.expert_group and not self.experts:
             raise ValueError(f"expert_group is a way of routing experts (experts = 'i32' or 'i64'), got {self}")
         if self.expert_runs and (self.experts != "i32" or self.expert_group):
@@ -754,7 +756,7 @@ class LinearW4A16:
         toks = cute.make_rmem_tensor(cute.make_layout(cfg.token_tiles), Int32)
         for t in cutlass.range_constexpr(cfg.token_tiles):
             if const_expr(route is not None):
-                toks[t] = route.token  # one token tile: this lane's MMA column's token
+                toks[t] = route.token_of(t)  # this lane's MMA column's token in tile t
             else:
                 toks[t] = cutlass.min(bidy * cfg.tokens_per_cta + cfg.tile_tokens * t + r // kp, m - 1)
 
@@ -1031,7 +1033,7 @@ class LinearW4A16:
             tok = bidy * cfg.tokens_per_cta + cfg.tile_tokens * t + (2 * c + q % 2) // kp
             ok = row < n and tok < m
         else:  # the route's tokens: the slot of this lane's MMA column 2c + q % 2 (-1: none; a repeated column)
-            tok = route.slot_of(q % 2)
+            tok = route.slot_of(q % 2, t)
             ok = row < n and tok >= 0
         if const_expr(kp > 1):
             ok = ok and r % kp == 0 and c % (kp // 2) == 0

@@ -48,11 +48,12 @@ class Route:
     row of its MMA column) and the slot (y's row) of each of its two output columns 2c, 2c + 1 (-1 where it stores
     none).
 
-    One slot (`group` None): `slot` in the first column, its token in every column. With a group (`scan_group`'s,
-    or a run table's row): the slots of the run's columns, the first of them `slot`."""
+    One slot (`tiles` None): `slot` in the first column, its token in every column. With a run (`scan_group`'s, or a
+    run table's row): each token tile's (this lane's token slot, its two output slots) from `lane_slots`, the run's
+    first slot `slot`."""
 
-    def __init__(self, expert, top_k, n, kp, slot, group=None):
-        self._e, self._top_k, self._n, self._kp, self._slot, self._group = expert, top_k, n, kp, slot, group
+    def __init__(self, expert, top_k, n, kp, slot, tiles=None):
+        self._e, self._top_k, self._n, self._kp, self._slot, self._tiles = expert, top_k, n, kp, slot, tiles
 
     @property
     def expert(self):
@@ -66,14 +67,14 @@ class Route:
     def valid(self):
         return self._e >= Int32(0)
 
-    @property
-    def token(self):
-        return (self._slot if self._group is None else self._group[0]) // self._top_k
+    def token_of(self, t: int):
+        """x's row of this lane's MMA column in token tile t."""
+        return (self._slot if self._tiles is None else self._tiles[t][0]) // self._top_k
 
-    def slot_of(self, b: int):
-        """y's row for this lane's output column 2c + b, or -1."""
-        if const_expr(self._group is not None):
-            return self._group[1 + b]
+    def slot_of(self, b: int, t: int):
+        """y's row for this lane's output column 2c + b of token tile t, or -1."""
+        if const_expr(self._tiles is not None):
+            return self._tiles[t][1 + b]
         c = cute.arch.lane_idx() % 4
         return Int32(cutlass.select_((2 * c + b) // self._kp == 0, self._slot, Int32(-1)))
 
@@ -173,8 +174,8 @@ class LinearW4A16Experts(LinearW4A16):
         gs = make_fake_tensor(Float32, (cute.sym_int(),), stride=(1,), assumed_align=4)
         bias = make_fake_tensor(xdt, (cute.sym_int(), cute.sym_int()), stride=(cute.sym_int(), 1), assumed_align=2)
         dt = ID_DTYPES[config.experts]
-        if config.expert_runs:  # the run table (rows, 1 + a token tile): a row's expert, then its slots
-            width = 1 + config.tile_tokens
+        if config.expert_runs:  # the run table (rows, 1 + the CTA's tokens): a row's expert, then its slots
+            width = 1 + config.tokens_per_cta
             ids = make_fake_tensor(dt, (cute.sym_int(), width), stride=(width, 1), assumed_align=dt.width // 8)
         else:
             ids = make_fake_tensor(dt, (tokens, top_k), stride=(cute.sym_int(), 1), assumed_align=dt.width // 8)
@@ -217,8 +218,10 @@ class LinearW4A16Experts(LinearW4A16):
             e = mIds[row, 0]
             if e != Int32(RUN_UNUSED):
                 first = mIds[row, 1]
-                group = lane_slots(lambda j: mIds[row, 1 + j], first, kp)
-                self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(e, top_k, n, kp, first, group))
+                tt = self.cfg.tile_tokens
+                tiles = [lane_slots(lambda j, t=t: mIds[row, 1 + tt * t + j], first, kp)
+                         for t in range(self.cfg.token_tiles)]
+                self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(e, top_k, n, kp, first, tiles))
         elif const_expr(self.cfg.expert_group):
             slots = mIds.shape[0]
             _, rows, _ = cute.arch.grid_dim()
@@ -230,7 +233,8 @@ class LinearW4A16Experts(LinearW4A16):
                     e = expert_key(mIds, slot, experts)
                     leads, group = scan_group(mIds, slot, e, experts, self.cfg.tile_tokens, kp)
                     if leads:
-                        self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(e, top_k, n, kp, slot, group))
+                        self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k,
+                                  Route(e, top_k, n, kp, slot, [group]))
                         cute.arch.sync_threads()  # the next run's sums reuse the shared memory
                 i = i + 1
         else:

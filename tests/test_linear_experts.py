@@ -309,6 +309,31 @@ def test_experts_route(monkeypatch):
     assert route(256, 4, 32, 5760, 2880) == (True, False) and route(256, 8, 128, 2048, 768) == (False, False)
 
 
+def test_run_tiles_for(monkeypatch):
+    """A tabled run is two token tiles (16 slots) from RUN_TILES_MIN_SLOTS slots an expert on average, on the
+    one-token split (the same groups and k-warps, so a slot's sums do not depend on its run); never while the bound
+    is None; scanned groups and single slots stay one tile."""
+    from nvfp4_gemv.linear import kernels
+
+    lo = kernels.RUN_TILES_MIN_SLOTS
+    assert kernels.run_tiles_for(lo * 32, 32) == 2 and kernels.run_tiles_for(lo * 32 - 1, 32) == 1
+    args = (5760, 2880, "mxfp4", "bf16", "i32", False, False)
+    two = kernels.experts_config(*args, tokens=lo * 8, top_k=4, experts=32)
+    one = kernels.experts_config(*args, tokens=lo * 8 - 1, top_k=4, experts=32)
+    assert two.expert_runs and two.token_tiles == 2 and two.tokens_per_cta == 16
+    assert one.expert_runs and one.token_tiles == 1
+    assert (two.groups, two.k_warps, two.k_parts) == (one.groups, one.k_warps, one.k_parts)
+    assert "runs of up to 16 from a run table" in kernels.describe_experts(lo * 8, 4, 32, 5760, 2880, "mxfp4",
+                                                                           torch.bfloat16)
+    grouped = kernels.experts_config(*args, tokens=lo * 8, top_k=4, experts=32, expert_group=True)
+    assert grouped.token_tiles == 1 and not grouped.expert_runs
+    kernels.LinearW4A16Config(experts="i32", expert_runs=True, token_tiles=2)
+    with pytest.raises(ValueError, match="more only with expert_runs"):
+        kernels.LinearW4A16Config(experts="i32", expert_group=True, token_tiles=2)
+    monkeypatch.setattr(kernels, "RUN_TILES_MIN_SLOTS", None)
+    assert kernels.run_tiles_for(10**6, 1) == 1
+
+
 def test_run_table_against_a_model():
     """kernels.run_table on random ids (in and out of range, both id dtypes): for each expert in order, then the bad
     ids' bucket, its slots in slot order cut into runs of 8, a row each; every other row unused; as many rows as runs
@@ -320,19 +345,20 @@ def test_run_table_against_a_model():
     for trial in range(300):
         e, t, top_k = (int(v) for v in torch.randint(1, 21, (3,), generator=g))
         top_k = 1 + top_k % 6
+        cap = 16 if trial % 3 == 0 else 8  # one token tile a run, or two
         ids = torch.randint(-2, e + 2, (t, top_k), generator=g).to(torch.int32 if trial % 2 else torch.int64)
-        table = kernels.run_table(ids, e)
+        table = kernels.run_table(ids, e) if cap == 8 else kernels.run_table(ids, e, cap)
         flat = ids.flatten().tolist()
         expect = []
         for ex in [*range(e), None]:
             members = [s for s, v in enumerate(flat) if (v == ex if ex is not None else not 0 <= v < e)]
-            for j in range(0, len(members), 8):
-                run = members[j:j + 8]
-                expect.append([-1 if ex is None else ex, *run, *[-1] * (8 - len(run))])
+            for j in range(0, len(members), cap):
+                run = members[j:j + cap]
+                expect.append([-1 if ex is None else ex, *run, *[-1] * (cap - len(run))])
         rows = table.tolist()
-        assert table.dtype == torch.int32 and table.shape == (len(flat) // 8 + min(len(flat), e + 1), 9)
+        assert table.dtype == torch.int32 and table.shape == (len(flat) // cap + min(len(flat), e + 1), 1 + cap)
         assert rows[:len(expect)] == expect
-        assert all(r == [RUN_UNUSED] + [-1] * 8 for r in rows[len(expect):])
+        assert all(r == [RUN_UNUSED] + [-1] * cap for r in rows[len(expect):])
 
 
 def test_routed_configs_fit_the_resident_warp_model(tmp_path):
@@ -346,9 +372,11 @@ def test_routed_configs_fit_the_resident_warp_model(tmp_path):
     for e, n, k, top_k, _ in EXPERT_SHAPES:
         for fmt in FORMATS:
             for xd in ("bf16", "fp16"):
-                for ids, group, runs in (("i64", False, False), ("i64", True, False), ("i32", False, True)):
+                for ids, group, runs, tiles in (("i64", False, False, 1), ("i64", True, False, 1),
+                                                ("i32", False, True, 1), ("i32", False, True, 2)):
                     c = kernels.experts_config(n, k, fmt, xd, ids, False, fmt == "nvfp4", expert_group=group,
-                                               expert_runs=runs)
+                                               expert_runs=runs, token_tiles=tiles)
+                    assert c.token_tiles == tiles
                     configs.setdefault(config_key(c), c)
     assert_configs_fit(configs.values(), tmp_path)
 
@@ -369,15 +397,18 @@ def test_base_kernel_unchanged_by_routes(tmp_path):
 @pytest.mark.parametrize("kw", [dict(fmt="mxfp4", mx_fold=True, mx_fold_redo=True, bias=True),
                                 dict(fmt="nvfp4", global_scale=True, k_parts=2, x_dtype="fp16")], ids=["mx", "nv"])
 @pytest.mark.parametrize("ids, route", [("i32", "slot"), ("i64", "slot"), ("i32", "group"), ("i64", "group"),
-                                        ("i32", "runs")])
+                                        ("i32", "runs"), ("i32", "runs16")])
 def test_ptx_facts(tmp_path, arch, kw, ids, route):
     """The routed kernel reads the ids (4- or 8-byte loads), multiplies by tensor cores, stores y, and has no float
     atomics; NaN (selected as the output's, fp32's or bf16's/fp16's) is its answer for an id out of range. With
-    groups, the ids are scanned with ballots; without, or from a run table, none is taken."""
+    groups, the ids are scanned with ballots; without, or from a run table (runs of one token tile or two), none is
+    taken."""
     from registers import compiled_ptx
 
     tmp_path.mkdir(exist_ok=True)
-    cfg = {**kw, "experts": ids, "expert_group": route == "group", "expert_runs": route == "runs"}
+    cfg = {**kw, "experts": ids, "expert_group": route == "group", "expert_runs": route.startswith("runs")}
+    if route == "runs16":
+        cfg["token_tiles"] = 2
     ptx = compiled_ptx("linear_w4a16_experts", "LinearW4A16Experts", cfg, arch, tmp_path, "linear_w4a16",
                        "LinearW4A16Config")
     assert "mma.sync.aligned.m16n8k16" in ptx
@@ -474,10 +505,13 @@ def test_gpu_shared_experts_grouped_match_reference_and_slots(fmt, dtype, e, n, 
     nan = torch.zeros_like(bad, dtype=torch.bool)
     nan[1::3, 0] = True
     assert yb[nan].isnan().all() and torch.equal(yb[~nan], y[~nan])
-    # The same runs from the table made on the device (expert_runs, int32 ids as the table holds them)
-    runs = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_runs=True), max_tokens=1 << 30)
-    assert torch.equal(runs(*op_args(a)), y)
-    assert torch.equal(runs(*op_args({**a, "expert_ids": bad})).nan_to_num(7.0), yb.nan_to_num(7.0))
+    # The same runs from the table made on the device (expert_runs, int32 ids as the table holds them), in runs of
+    # one token tile and of two (16 slots a CTA row): the same bits
+    for tiles in (1, 2):
+        runs = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_runs=True, token_tiles=tiles),
+                            max_tokens=1 << 30)
+        assert torch.equal(runs(*op_args(a)), y), tiles
+        assert torch.equal(runs(*op_args({**a, "expert_ids": bad})).nan_to_num(7.0), yb.nan_to_num(7.0)), tiles
 
 
 @pytest.mark.gpu
@@ -580,8 +614,10 @@ def test_gpu_run_table_kernel_matches_the_torch_table():
             flat = ids if dtype == torch.int64 else ids.clamp(-2**31, 2**31 - 1).to(torch.int32)
             for shape in ((slots, 1), (1, slots)):
                 dev = flat.view(shape).cuda()
-                if RunTable.can_implement(slots, e):
-                    got = kernels.run_table_kernel(dev.reshape(-1), e)
-                    assert torch.equal(got.cpu(), kernels.run_table_torch(flat.view(shape), e)), (slots, e, dtype)
-                    assert torch.equal(got, kernels.run_table_torch(dev, e))
-                assert torch.equal(kernels.run_table(dev, e), kernels.run_table_torch(dev, e))
+                for cap in (8, 16):  # one token tile a run, or two
+                    if RunTable.can_implement(slots, e):
+                        got = kernels.run_table_kernel(dev.reshape(-1), e, cap)
+                        want = kernels.run_table_torch(flat.view(shape), e, cap)
+                        assert torch.equal(got.cpu(), want), (slots, e, dtype, cap)
+                        assert torch.equal(got, kernels.run_table_torch(dev, e, cap))
+                    assert torch.equal(kernels.run_table(dev, e, cap), kernels.run_table_torch(dev, e, cap))

@@ -803,14 +803,16 @@ def experts_config(n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias:
     as one weight took up to 2.0 x the time (two groups, one k-warp) and the one-token call's own split up to 1.6 x (two
     K parts). Where experts_route says, the slots that share an expert are grouped on the device: runs of up to 8 of
     them (the MMA's columns), so one read of the expert serves a run, either found by a scan of the ids by the CTA row
-    of a run's first slot (expert_group) or read from a table made before the launch (expert_runs, a CTA row a run);
-    otherwise each slot is computed alone, without the scan."""
+    of a run's first slot (expert_group) or read from a table made before the launch (expert_runs, a CTA row a run;
+    runs of two token tiles, 16 slots, where run_tiles_for says, on the same split, so that a slot's sums are the same
+    bits whatever run it is in); otherwise each slot is computed alone, without the scan."""
     one = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, block_columns=False, x_fragments=False)
-    fields = {"groups": one.groups, "k_warps": min(one.k_warps, EXPERTS_K_WARPS), "k_parts": 1,
-              "block_columns": False, "x_fragments": False, **override}
-    group, runs = fields.pop("expert_group", None), fields.pop("expert_runs", None)
+    group, runs = override.pop("expert_group", None), override.pop("expert_runs", None)
     if group is None and runs is None:
         group, runs = experts_route(tokens, top_k, experts, n, k)
+    tiles = override.get("token_tiles") or (run_tiles_for(tokens * top_k, experts) if runs else 1)
+    fields = {"groups": one.groups, "k_warps": min(one.k_warps, EXPERTS_K_WARPS), "k_parts": 1,
+              "block_columns": False, "x_fragments": False, "token_tiles": tiles, **override}
     cfg = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, **fields)
     return LinearW4A16Config(**{**cfg.__dict__, "experts": "i32" if runs else ids_dtype,  # runs: the table's int32
                                 "expert_group": bool(group), "expert_runs": bool(runs)})
@@ -831,8 +833,8 @@ def describe_experts(tokens: int, top_k: int, experts: int, n: int, k: int, fmt:
             f"{-(-n // cfg.rows_per_cta)} row tiles, each CTA on the expert its id names"
             + (f", the slots that share it in runs of up to {cfg.tile_tokens} (one CTA row a run)" if cfg.expert_group
                else "")
-            + (f", the slots that share it in runs of up to {cfg.tile_tokens} from a run table made on the device (a "
-               f"CTA row a run)" if cfg.expert_runs else "")
+            + (f", the slots that share it in runs of up to {cfg.tokens_per_cta} from a run table made on the device "
+               f"(a CTA row a run)" if cfg.expert_runs else "")
             + f", split as one expert's one-token call with one K part and at most {EXPERTS_K_WARPS} k-warps: " + one)
 
 
@@ -846,6 +848,15 @@ SLOTS_CHUNK = 65535
 # (0.98-1.51) and more below it, the table's torch ops costing 45-52 µs a call in a graph.
 RUNS_MIN_TOKENS = 64
 RUN_SLOTS = 8  # slots a run at most: one token tile, the MMA's 8 columns
+# Slots an expert on average (slots / E) from which a tabled run is two token tiles (16 slots, a CTA row), so an
+# expert with more than 8 slots is read half as often. A prediction (a 16-token CTA reads W at about 1.2 x the time of
+# an 8-token one in the dense linear; a run of 16 halves the reads where an expert has over 8 slots), to be measured.
+RUN_TILES_MIN_SLOTS = 12
+
+
+def run_tiles_for(slots: int, experts: int) -> int:
+    """Token tiles of a tabled run (a run is up to 8 · tiles slots): 2 from RUN_TILES_MIN_SLOTS slots an expert."""
+    return 2 if RUN_TILES_MIN_SLOTS is not None and slots >= RUN_TILES_MIN_SLOTS * experts else 1
 
 
 def experts_route(tokens: int, top_k: int, experts: int, n: int, k: int) -> tuple[bool, bool]:
@@ -948,16 +959,18 @@ def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, ha
             group, runs = experts_route(t, top_k, experts, n, k)
         elif runs and run_table_rows(t * top_k, experts) > SLOTS_CHUNK:  # the table's rows past the grid's y
             group, runs = True, False
-        mode = (bool(group), bool(runs))
+        tiles = (fields.get("token_tiles") or run_tiles_for(t * top_k, experts)) if runs else 1
+        mode = (bool(group), bool(runs), tiles)
         fn = plans.get(mode)
         if fn is None:
             cfg = experts_config(n, k, fmt, _X_DTYPES[x_dtype], _ID_DTYPES[ids_dtype], has_bias, has_global_scale,
-                                 sm_count(device.index), **{**fields, "expert_group": group, "expert_runs": runs})
+                                 sm_count(device.index), **{**fields, "expert_group": group, "expert_runs": runs,
+                                                            "token_tiles": tiles})
             fn = plans[mode] = raw_function(compile_kernel(LinearW4A16Experts, cfg, target(capability(device)),
                                                            stream="torch"))
         gs = _dummy(device, torch.float32) if global_scale is None else global_scale
         fn(x2d, weight_u8, scale, out, gs, no_bias if bias is None else bias,
-           run_table(ids, experts) if runs else ids)
+           run_table(ids, experts, RUN_SLOTS * tiles) if runs else ids)
 
     return launch
 
