@@ -918,10 +918,11 @@ def _expert_weights(e: int, n: int, k: int, fmt: str):
 
 def run_table_ab(shapes=EXPERT_SHAPES, tokens=(1, 8, 16, 32, 64, 128, 256), routings=EXPERT_ROUTINGS,
                  dtype=torch.bfloat16, csv_path=None, log=print):
-    """µs per call, graph-timed, of the routed kernel with its runs from a table made by torch ops
-    (`run_table_torch`) and by one launch of `cute_kernels.run_table` (RUN_TABLE_KERNEL on), beside the scanned
-    groups and one slot a CTA row, at every (E, N, K, top_k, format), T and routing; and the table alone, both
-    ways (`table_torch_us`, `table_kernel_us`). Returns the rows."""
+    """µs per call, graph-timed, of the routed kernel with its runs of 8 slots from a table made by torch ops
+    (`run_table_torch`) and by one launch of `cute_kernels.run_table` (RUN_TABLE_KERNEL on), and its runs of 16
+    slots (two token tiles) from the kernel's table, beside the scanned groups and one slot a CTA row, at every
+    (E, N, K, top_k, format), T and routing; and the table alone, both ways (`table_torch_us`, `table_kernel_us`).
+    Returns the rows."""
     import functools
 
     from nvfp4_gemv.linear import kernels
@@ -930,11 +931,11 @@ def run_table_ab(shapes=EXPERT_SHAPES, tokens=(1, 8, 16, 32, 64, 128, 256), rout
     def forced(**route):
         return EagerExperts(bind=functools.partial(kernels.bind_experts, **route), max_tokens=1 << 30)
 
-    slot_kernel, group_kernel, runs_kernel = forced(expert_group=False), forced(expert_group=True), \
-        forced(expert_runs=True)
+    slot_kernel, group_kernel = forced(expert_group=False), forced(expert_group=True)
+    runs_kernel, runs16_kernel = forced(expert_runs=True, token_tiles=1), forced(expert_runs=True, token_tiles=2)
     rows = []
     log(f"{'E':>4} {'N x K':>11} {'top_k':>5} {'fmt':>5} {'T':>3} {'routing':>8} {'slot':>7} {'group':>7} "
-        f"{'runs.t':>7} {'runs.k':>7} {'k/t':>5} {'tab.t':>6} {'tab.k':>6}")
+        f"{'runs.t':>7} {'runs.k':>7} {'k/t':>5} {'runs16':>7} {'16/8':>5} {'tab.t':>6} {'tab.k':>6}")
     for e, n, k, top_k, fmt in shapes:
         w, sf, gs = _expert_weights(e, n, k, fmt)
         per_expert = weight_bytes(n, k, fmt)
@@ -954,16 +955,18 @@ def run_table_ab(shapes=EXPERT_SHAPES, tokens=(1, 8, 16, 32, 64, 128, 256), rout
                     table_torch = B.graph_time_us(lambda ids: kernels.run_table(ids, e), pool)
                 with _kernels_patched(RUN_TABLE_KERNEL=True):
                     runs_kernel_us = B.graph_time_us(by(runs_kernel), pool)
+                    runs16_us = B.graph_time_us(by(runs16_kernel), pool)
                     table_kernel = B.graph_time_us(lambda ids: kernels.run_table(ids, e), pool)
                 row = dict(experts=e, n=n, k=k, top_k=top_k, t=t, routing=routing, fmt=fmt,
                            x_dtype=str(dtype).split(".")[-1], slot_us=slot_us, group_us=group_us,
                            runs_torch_us=runs_torch, runs_kernel_us=runs_kernel_us,
-                           kernel_over_torch=runs_kernel_us / runs_torch, table_torch_us=table_torch,
+                           kernel_over_torch=runs_kernel_us / runs_torch, runs16_kernel_us=runs16_us,
+                           runs16_over_runs8=runs16_us / runs_kernel_us, table_torch_us=table_torch,
                            table_kernel_us=table_kernel)
                 rows.append(row)
                 log(f"{e:>4} {n:>5}x{k:<5} {top_k:>5} {fmt:>5} {t:>3} {routing:>8} {slot_us:7.2f} {group_us:7.2f} "
-                    f"{runs_torch:7.2f} {runs_kernel_us:7.2f} {runs_kernel_us / runs_torch:5.2f} {table_torch:6.2f} "
-                    f"{table_kernel:6.2f}")
+                    f"{runs_torch:7.2f} {runs_kernel_us:7.2f} {runs_kernel_us / runs_torch:5.2f} {runs16_us:7.2f} "
+                    f"{runs16_us / runs_kernel_us:5.2f} {table_torch:6.2f} {table_kernel:6.2f}")
     if csv_path:
         write_csv(rows, csv_path)
     return rows
