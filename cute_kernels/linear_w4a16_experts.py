@@ -21,7 +21,9 @@ The same runs from a table (`expert_runs`): `kernels.run_table` counts and place
 or one launch of `cute_kernels.run_table` where `kernels.RUN_TABLE_KERNEL` is on; no sync) into a row a run,
 (expert, its slots), and CTA row r computes row r; rows past the last run (the table has as many as there can be
 runs) exit. No scan, whose cost grows with the slots each CTA reads, and the runs of one expert sit on neighbouring
-CTA rows. The slots of a run and their columns are the scan's, so the results are the same bits.
+CTA rows. The slots of a run and their columns are the scan's, so the results are the same bits. A tabled run may
+also be two token tiles (`token_tiles` 2: up to 16 slots, the table 1 + 16 wide), so that an expert with more than 8
+slots is read half as often; each MMA column is still summed on its own, so the bits are again the same.
 
 Nothing is sorted, counted or synchronised on the host, so the call takes CUDA-graph capture: a decode step with T
 tokens and top_k experts each is one launch of at most T·top_k·⌈N/rows⌉ CTAs (with a run table, the table's
