@@ -903,17 +903,41 @@ def _expert_ids(e: int, t: int, top_k: int, calls: int, routing: str = "distinct
     return pool, distinct
 
 
-def _expert_weights(e: int, n: int, k: int, fmt: str):
-    """(weight, weight_scale, global_scale) of `e` random experts of N x K in `fmt` on the GPU, scales in the
-    bench's range (global_scale None for MXFP4)."""
-    w = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device="cuda")
-    block = 16 if fmt == "nvfp4" else 32
-    lo, hi = (0x28, 0x40) if fmt == "nvfp4" else MXFP4_SCALES
-    sf = torch.randint(lo, hi + 1, (e, n, k // block), dtype=torch.uint8, device="cuda")
-    if fmt == "nvfp4":
-        sf = sf.view(torch.float8_e4m3fn)
-    gs = torch.full((e,), 0.5, device="cuda") if fmt == "nvfp4" else None
-    return w, sf, gs
+def _expert_points(shapes, tokens, routings, dtype):
+    """Each point of an experts bench, shape by shape (one stack of random experts a shape, scales in the bench's
+    range): ((E, N, K, top_k, fmt), T, routing, per_expert bytes, the pool of id tensors, each call's count of
+    distinct experts, x, (weight, weight_scale, global_scale), and `by(eager)`: a call of `eager` (an EagerExperts)
+    on an id tensor)."""
+    for e, n, k, top_k, fmt in shapes:
+        w = torch.randint(0, 256, (e, n, k // 2), dtype=torch.uint8, device="cuda")
+        block = 16 if fmt == "nvfp4" else 32
+        lo, hi = (0x28, 0x40) if fmt == "nvfp4" else MXFP4_SCALES
+        sf = torch.randint(lo, hi + 1, (e, n, k // block), dtype=torch.uint8, device="cuda")
+        if fmt == "nvfp4":
+            sf = sf.view(torch.float8_e4m3fn)
+        gs = torch.full((e,), 0.5, device="cuda") if fmt == "nvfp4" else None
+        per_expert = weight_bytes(n, k, fmt)
+        for t in tokens:
+            for routing in routings if t > 1 else routings[:1]:
+                calls = max(2, -(-POOL_BYTES // (per_expert * min(e, t * top_k))))
+                pool, distinct = _expert_ids(e, t, top_k, calls, routing)
+                x = torch.randn(t, k, device="cuda").to(dtype)
+
+                def by(eager, x=x, w=w, sf=sf, fmt=fmt, gs=gs):
+                    return lambda ids: eager(x, w, sf, ids, fmt, gs, None)
+
+                yield (e, n, k, top_k, fmt), t, routing, per_expert, pool, distinct, x, (w, sf, gs), by
+
+
+def _forced_experts(**route):
+    """An EagerExperts on the routed kernel with `route`'s config fields forced (expert_group, expert_runs,
+    token_tiles), at any token count."""
+    import functools
+
+    from nvfp4_gemv.linear import kernels
+    from nvfp4_gemv.linear.experts import EagerExperts
+
+    return EagerExperts(bind=functools.partial(kernels.bind_experts, **route), max_tokens=1 << 30)
 
 
 def run_table_ab(shapes=EXPERT_SHAPES, tokens=(1, 8, 16, 32, 64, 128, 256), routings=EXPERT_ROUTINGS,
@@ -923,50 +947,34 @@ def run_table_ab(shapes=EXPERT_SHAPES, tokens=(1, 8, 16, 32, 64, 128, 256), rout
     slots (two token tiles) from the kernel's table, beside the scanned groups and one slot a CTA row, at every
     (E, N, K, top_k, format), T and routing; and the table alone, both ways (`table_torch_us`, `table_kernel_us`).
     Returns the rows."""
-    import functools
-
     from nvfp4_gemv.linear import kernels
-    from nvfp4_gemv.linear.experts import EagerExperts
 
-    def forced(**route):
-        return EagerExperts(bind=functools.partial(kernels.bind_experts, **route), max_tokens=1 << 30)
-
-    slot_kernel, group_kernel = forced(expert_group=False), forced(expert_group=True)
-    runs_kernel, runs16_kernel = forced(expert_runs=True, token_tiles=1), forced(expert_runs=True, token_tiles=2)
+    slot_kernel, group_kernel = _forced_experts(expert_group=False), _forced_experts(expert_group=True)
+    runs_kernel = _forced_experts(expert_runs=True, token_tiles=1)
+    runs16_kernel = _forced_experts(expert_runs=True, token_tiles=2)
     rows = []
     log(f"{'E':>4} {'N x K':>11} {'top_k':>5} {'fmt':>5} {'T':>3} {'routing':>8} {'slot':>7} {'group':>7} "
         f"{'runs.t':>7} {'runs.k':>7} {'k/t':>5} {'runs16':>7} {'16/8':>5} {'tab.t':>6} {'tab.k':>6}")
-    for e, n, k, top_k, fmt in shapes:
-        w, sf, gs = _expert_weights(e, n, k, fmt)
-        per_expert = weight_bytes(n, k, fmt)
-        for t in tokens:
-            for routing in routings if t > 1 else routings[:1]:
-                calls = max(2, -(-POOL_BYTES // (per_expert * min(e, t * top_k))))
-                pool, _ = _expert_ids(e, t, top_k, calls, routing)
-                x = torch.randn(t, k, device="cuda").to(dtype)
-
-                def by(eager):
-                    return lambda ids: eager(x, w, sf, ids, fmt, gs, None)
-
-                slot_us = B.graph_time_us(by(slot_kernel), pool)
-                group_us = B.graph_time_us(by(group_kernel), pool)
-                with _kernels_patched(RUN_TABLE_KERNEL=False):
-                    runs_torch = B.graph_time_us(by(runs_kernel), pool)
-                    table_torch = B.graph_time_us(lambda ids: kernels.run_table(ids, e), pool)
-                with _kernels_patched(RUN_TABLE_KERNEL=True):
-                    runs_kernel_us = B.graph_time_us(by(runs_kernel), pool)
-                    runs16_us = B.graph_time_us(by(runs16_kernel), pool)
-                    table_kernel = B.graph_time_us(lambda ids: kernels.run_table(ids, e), pool)
-                row = dict(experts=e, n=n, k=k, top_k=top_k, t=t, routing=routing, fmt=fmt,
-                           x_dtype=str(dtype).split(".")[-1], slot_us=slot_us, group_us=group_us,
-                           runs_torch_us=runs_torch, runs_kernel_us=runs_kernel_us,
-                           kernel_over_torch=runs_kernel_us / runs_torch, runs16_kernel_us=runs16_us,
-                           runs16_over_runs8=runs16_us / runs_kernel_us, table_torch_us=table_torch,
-                           table_kernel_us=table_kernel)
-                rows.append(row)
-                log(f"{e:>4} {n:>5}x{k:<5} {top_k:>5} {fmt:>5} {t:>3} {routing:>8} {slot_us:7.2f} {group_us:7.2f} "
-                    f"{runs_torch:7.2f} {runs_kernel_us:7.2f} {runs_kernel_us / runs_torch:5.2f} {runs16_us:7.2f} "
-                    f"{runs16_us / runs_kernel_us:5.2f} {table_torch:6.2f} {table_kernel:6.2f}")
+    for (e, n, k, top_k, fmt), t, routing, _, pool, _, _, _, by in _expert_points(shapes, tokens, routings, dtype):
+        slot_us = B.graph_time_us(by(slot_kernel), pool)
+        group_us = B.graph_time_us(by(group_kernel), pool)
+        with _kernels_patched(RUN_TABLE_KERNEL=False):
+            runs_torch = B.graph_time_us(by(runs_kernel), pool)
+            table_torch = B.graph_time_us(lambda ids: kernels.run_table(ids, e), pool)
+        with _kernels_patched(RUN_TABLE_KERNEL=True):
+            runs_kernel_us = B.graph_time_us(by(runs_kernel), pool)
+            runs16_us = B.graph_time_us(by(runs16_kernel), pool)
+            table_kernel = B.graph_time_us(lambda ids: kernels.run_table(ids, e), pool)
+        row = dict(experts=e, n=n, k=k, top_k=top_k, t=t, routing=routing, fmt=fmt,
+                   x_dtype=str(dtype).split(".")[-1], slot_us=slot_us, group_us=group_us,
+                   runs_torch_us=runs_torch, runs_kernel_us=runs_kernel_us,
+                   kernel_over_torch=runs_kernel_us / runs_torch, runs16_kernel_us=runs16_us,
+                   runs16_over_runs8=runs16_us / runs_kernel_us, table_torch_us=table_torch,
+                   table_kernel_us=table_kernel)
+        rows.append(row)
+        log(f"{e:>4} {n:>5}x{k:<5} {top_k:>5} {fmt:>5} {t:>3} {routing:>8} {slot_us:7.2f} {group_us:7.2f} "
+            f"{runs_torch:7.2f} {runs_kernel_us:7.2f} {runs_kernel_us / runs_torch:5.2f} {runs16_us:7.2f} "
+            f"{runs16_us / runs_kernel_us:5.2f} {table_torch:6.2f} {table_kernel:6.2f}")
     if csv_path:
         write_csv(rows, csv_path)
     return rows
@@ -983,58 +991,45 @@ def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUT
     call issued back to back (`host`: the host's time where the GPU keeps up) of `fp4_experts_linear` as dispatched
     (past EXPERTS_MAX_TOKENS, each expert's tokens through fp4_linear with the ids read on the host) and, past
     LOOP_MAX_TOKENS, of that host path (`host_path`). Returns the rows."""
-    import functools
-
-    from nvfp4_gemv.linear import fp4_experts_linear, fp4_linear, kernels
+    from nvfp4_gemv.linear import fp4_experts_linear, fp4_linear
     from nvfp4_gemv.linear.experts import EagerExperts
 
-    slot_kernel = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=False), max_tokens=1 << 30)
-    group_kernel = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_group=True), max_tokens=1 << 30)
-    runs_kernel = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_runs=True), max_tokens=1 << 30)
+    slot_kernel, group_kernel = _forced_experts(expert_group=False), _forced_experts(expert_group=True)
+    runs_kernel = _forced_experts(expert_runs=True)
     routed = EagerExperts(max_tokens=1 << 30)
     host_path = EagerExperts(max_tokens=0)
     rows = []
     log(f"{'E':>4} {'N x K':>11} {'top_k':>5} {'fmt':>5} {'T':>3} {'routing':>8} {'experts':>7} {'read':>7} "
         f"{'ours':>7} {'/read':>6} {'slot':>7} {'s/ours':>6} {'group':>7} {'g/ours':>6} {'runs':>7} {'r/ours':>6} "
         f"{'loop':>7} {'l/ours':>6} {'host':>7} {'h.path':>7}")
-    for e, n, k, top_k, fmt in shapes:
-        w, sf, gs = _expert_weights(e, n, k, fmt)
-        per_expert = weight_bytes(n, k, fmt)
-        for t in tokens:
-            for routing in routings if t > 1 else routings[:1]:
-                calls = max(2, -(-POOL_BYTES // (per_expert * min(e, t * top_k))))
-                pool, distinct = _expert_ids(e, t, top_k, calls, routing)
-                x = torch.randn(t, k, device="cuda").to(dtype)
+    for point in _expert_points(shapes, tokens, routings, dtype):
+        (e, n, k, top_k, fmt), t, routing, per_expert, pool, distinct, x, (w, sf, gs), by = point
+        def loop(ids):  # ids as host lists, as a loop over modules has them
+            for i, row in enumerate(ids):
+                for ex in row:
+                    fp4_linear(x[i:i + 1], w[ex], sf[ex], fmt, None if gs is None else gs[ex:ex + 1])
 
-                def by(eager):
-                    return lambda ids: eager(x, w, sf, ids, fmt, gs, None)
-
-                def loop(ids):  # ids as host lists, as a loop over modules has them
-                    for i, row in enumerate(ids):
-                        for ex in row:
-                            fp4_linear(x[i:i + 1], w[ex], sf[ex], fmt, None if gs is None else gs[ex:ex + 1])
-
-                ours_us = B.graph_time_us(by(routed), pool)
-                slot_us = B.graph_time_us(by(slot_kernel), pool)
-                group_us = B.graph_time_us(by(group_kernel), pool)
-                runs_us = B.graph_time_us(by(runs_kernel), pool)
-                loop_us = B.graph_time_us(loop, [p.tolist() for p in pool]) if t <= LOOP_MAX_TOKENS else float("nan")
-                one = lambda ids: fp4_experts_linear(x, w, sf, ids, fmt, gs)  # noqa: E731
-                host = B.host_cost_us(one, pool[0], iters=500 if t <= LOOP_MAX_TOKENS else 20)
-                path = B.host_cost_us(by(host_path), pool[0], iters=20) if t > LOOP_MAX_TOKENS else float("nan")
-                nbytes = per_expert * round(sum(distinct) / len(distinct))
-                read = _time(lambda: B.stream_read_variant(nbytes))
-                row = dict(experts=e, n=n, k=k, top_k=top_k, t=t, routing=routing, fmt=fmt,
-                           x_dtype=str(dtype).split(".")[-1], distinct=nbytes // per_expert, read_us=read,
-                           ours_us=ours_us, ratio=ours_us / read, slot_us=slot_us, slot_over_ours=slot_us / ours_us,
-                           group_us=group_us, group_over_ours=group_us / ours_us,
-                           runs_us=runs_us, runs_over_ours=runs_us / ours_us,
-                           loop_us=loop_us, loop_over_ours=loop_us / ours_us, host_us=host, host_path_us=path)
-                rows.append(row)
-                log(f"{e:>4} {n:>5}x{k:<5} {top_k:>5} {fmt:>5} {t:>3} {routing:>8} {row['distinct']:>7} {read:7.2f} "
-                    f"{ours_us:7.2f} {ours_us / read:6.2f} {slot_us:7.2f} {slot_us / ours_us:6.2f} {group_us:7.2f} "
-                    f"{group_us / ours_us:6.2f} {runs_us:7.2f} {runs_us / ours_us:6.2f} {loop_us:7.2f} "
-                    f"{loop_us / ours_us:6.2f} {host:7.1f} {path:7.1f}")
+        ours_us = B.graph_time_us(by(routed), pool)
+        slot_us = B.graph_time_us(by(slot_kernel), pool)
+        group_us = B.graph_time_us(by(group_kernel), pool)
+        runs_us = B.graph_time_us(by(runs_kernel), pool)
+        loop_us = B.graph_time_us(loop, [p.tolist() for p in pool]) if t <= LOOP_MAX_TOKENS else float("nan")
+        one = lambda ids: fp4_experts_linear(x, w, sf, ids, fmt, gs)  # noqa: E731
+        host = B.host_cost_us(one, pool[0], iters=500 if t <= LOOP_MAX_TOKENS else 20)
+        path = B.host_cost_us(by(host_path), pool[0], iters=20) if t > LOOP_MAX_TOKENS else float("nan")
+        nbytes = per_expert * round(sum(distinct) / len(distinct))
+        read = _time(lambda: B.stream_read_variant(nbytes))
+        row = dict(experts=e, n=n, k=k, top_k=top_k, t=t, routing=routing, fmt=fmt,
+                   x_dtype=str(dtype).split(".")[-1], distinct=nbytes // per_expert, read_us=read,
+                   ours_us=ours_us, ratio=ours_us / read, slot_us=slot_us, slot_over_ours=slot_us / ours_us,
+                   group_us=group_us, group_over_ours=group_us / ours_us,
+                   runs_us=runs_us, runs_over_ours=runs_us / ours_us,
+                   loop_us=loop_us, loop_over_ours=loop_us / ours_us, host_us=host, host_path_us=path)
+        rows.append(row)
+        log(f"{e:>4} {n:>5}x{k:<5} {top_k:>5} {fmt:>5} {t:>3} {routing:>8} {row['distinct']:>7} {read:7.2f} "
+            f"{ours_us:7.2f} {ours_us / read:6.2f} {slot_us:7.2f} {slot_us / ours_us:6.2f} {group_us:7.2f} "
+            f"{group_us / ours_us:6.2f} {runs_us:7.2f} {runs_us / ours_us:6.2f} {loop_us:7.2f} "
+            f"{loop_us / ours_us:6.2f} {host:7.1f} {path:7.1f}")
     if csv_path:
         write_csv(rows, csv_path)
     return rows
