@@ -312,10 +312,12 @@ def test_experts_route(monkeypatch):
 def test_run_tiles_for(monkeypatch):
     """A tabled run is two token tiles (16 slots) from RUN_TILES_MIN_SLOTS slots an expert on average, on the
     one-token split (the same groups and k-warps, so a slot's sums do not depend on its run); never while the bound
-    is None; scanned groups and single slots stay one tile."""
+    is None (as now, until runs of 16 have run on a GPU); scanned groups and single slots stay one tile."""
     from nvfp4_gemv.linear import kernels
 
-    lo = kernels.RUN_TILES_MIN_SLOTS
+    assert kernels.RUN_TILES_MIN_SLOTS is None and kernels.run_tiles_for(10**6, 1) == 1  # off until measured
+    lo = kernels.RUN_TILES_PREDICTED
+    monkeypatch.setattr(kernels, "RUN_TILES_MIN_SLOTS", lo)
     assert kernels.run_tiles_for(lo * 32, 32) == 2 and kernels.run_tiles_for(lo * 32 - 1, 32) == 1
     args = (5760, 2880, "mxfp4", "bf16", "i32", False, False)
     two = kernels.experts_config(*args, tokens=lo * 8, top_k=4, experts=32)

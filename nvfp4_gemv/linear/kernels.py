@@ -849,9 +849,11 @@ SLOTS_CHUNK = 65535
 RUNS_MIN_TOKENS = 64
 RUN_SLOTS = 8  # slots a run at most: one token tile, the MMA's 8 columns
 # Slots an expert on average (slots / E) from which a tabled run is two token tiles (16 slots, a CTA row), so an
-# expert with more than 8 slots is read half as often. A prediction (a 16-token CTA reads W at about 1.2 x the time of
-# an 8-token one in the dense linear; a run of 16 halves the reads where an expert has over 8 slots), to be measured.
-RUN_TILES_MIN_SLOTS = 12
+# expert with more than 8 slots is read half as often; None: never. Off until runs of 16 have run on a GPU
+# (`bench.run_table_ab`); the predicted cut is 12 (a 16-token CTA reads W at about 1.2 x the time of an 8-token one in
+# the dense linear, and a run of 16 halves the reads where an expert has over 8 slots).
+RUN_TILES_MIN_SLOTS = None
+RUN_TILES_PREDICTED = 12
 
 
 def run_tiles_for(slots: int, experts: int) -> int:
