@@ -249,9 +249,9 @@ def test_experts_config():
         assert (c.k_parts, c.token_tiles, c.block_columns, c.x_fragments, c.m_major) == (1, 1, False, False, False)
         assert c.mx_fold == one.mx_fold and c.fmt == fmt and c.x_dtype == xd
         assert c.expert_group == (n * k // 2 >= kernels.GROUP_MIN_CODES)  # 2 tokens, 1 slot each, of 1 expert
-    said = kernels.describe_experts(8, 4, 32, 5760, 2880, "mxfp4", torch.bfloat16)
+    said = kernels.describe_experts(7, 4, 16, 5760, 2880, "mxfp4", torch.bfloat16)
     c = kernels.experts_config(5760, 2880, "mxfp4", "bf16", "i64", False, False)
-    assert said.startswith("linear_w4a16_experts: one launch of 32 (token, expert) slots x ")
+    assert said.startswith("linear_w4a16_experts: one launch of 28 (token, expert) slots x ")
     assert ", the slots that share it in runs of up to 8 (one CTA row a run)" in said
     assert "share" not in kernels.describe_experts(1, 4, 4, 5760, 2880, "mxfp4", torch.bfloat16)
     assert "share" not in kernels.describe_experts(4, 4, 32, 5760, 2880, "mxfp4", torch.bfloat16)
@@ -292,9 +292,11 @@ def test_experts_route(monkeypatch):
     from nvfp4_gemv.linear import kernels
 
     route = kernels.experts_route
-    assert kernels.RUNS_MIN_TOKENS == 64  # the measured cut (BENCHMARKS.md, "The run table on the H200")
+    assert kernels.RUNS_MIN_TOKENS == 8  # the measured cut (BENCHMARKS.md, "The run table's kernel and runs of 16")
+    assert route(7, 8, 4, 5760, 2880) == (True, False) and route(8, 4, 32, 5760, 2880) == (False, True)
+    assert route(7, 8, 128, 2048, 768) == (False, False) and route(8, 8, 128, 2048, 768) == (False, True)
+    monkeypatch.setattr(kernels, "RUNS_MIN_TOKENS", 64)
     assert route(63, 4, 32, 5760, 2880) == (True, False) and route(64, 4, 32, 5760, 2880) == (False, True)
-    assert route(63, 8, 128, 2048, 768) == (False, False) and route(64, 8, 128, 2048, 768) == (False, True)
     monkeypatch.setattr(kernels, "RUNS_MIN_TOKENS", 32)
     assert route(16, 4, 32, 5760, 2880) == (True, False) and route(32, 4, 32, 5760, 2880) == (False, True)
     assert route(31, 8, 128, 2048, 768) == (False, False)  # 0.8 MB experts: never scanned
@@ -312,12 +314,11 @@ def test_experts_route(monkeypatch):
 def test_run_tiles_for(monkeypatch):
     """A tabled run is two token tiles (16 slots) from RUN_TILES_MIN_SLOTS slots an expert on average, on the
     one-token split (the same groups and k-warps, so a slot's sums do not depend on its run); never while the bound
-    is None (as now, until runs of 16 have run on a GPU); scanned groups and single slots stay one tile."""
+    is None; scanned groups and single slots stay one tile."""
     from nvfp4_gemv.linear import kernels
 
-    assert kernels.RUN_TILES_MIN_SLOTS is None and kernels.run_tiles_for(10**6, 1) == 1  # off until measured
-    lo = kernels.RUN_TILES_PREDICTED
-    monkeypatch.setattr(kernels, "RUN_TILES_MIN_SLOTS", lo)
+    lo = kernels.RUN_TILES_MIN_SLOTS
+    assert lo == 16  # the measured cut (BENCHMARKS.md, "The run table's kernel and runs of 16")
     assert kernels.run_tiles_for(lo * 32, 32) == 2 and kernels.run_tiles_for(lo * 32 - 1, 32) == 1
     args = (5760, 2880, "mxfp4", "bf16", "i32", False, False)
     two = kernels.experts_config(*args, tokens=lo * 8, top_k=4, experts=32)

@@ -842,18 +842,21 @@ def describe_experts(tokens: int, top_k: int, experts: int, n: int, k: int, fmt:
 # (token, expert) slots is launched in chunks of whole tokens.
 SLOTS_CHUNK = 65535
 # Tokens from which a routed call takes its runs from a table made on the device (expert_runs), whatever the experts'
-# size, instead of the scan or one slot a CTA row. Graph-timed on the H200 (docs/experts_h200_runs.csv; BENCHMARKS.md,
-# "The run table on the H200"): over the bench's six MoE shapes the tabled runs took 0.88 of the time of the kernel
-# then dispatched at 64 tokens (0.76-1.11), 0.51 at 128 (0.35-0.65) and 0.28 at 256 (0.17-0.35); at 32 tokens 1.21
-# (0.98-1.51) and more below it, the table's torch ops costing 45-52 µs a call in a graph.
-RUNS_MIN_TOKENS = 64
+# size, instead of the scan or one slot a CTA row. With the table from the torch ops the cut was 64 (H200,
+# docs/experts_h200_runs.csv; BENCHMARKS.md, "The run table on the H200": the ops cost 45-52 µs a call). With the
+# table from one kernel (RUN_TABLE_KERNEL; 2.6-3.2 µs a call up to 64 slots), graph-timed on an H100 over the bench's
+# six MoE shapes with a router's random ids (docs/run_table_ab_h100.csv, docs/run_table_ab_small_h100.csv;
+# BENCHMARKS.md, "The run table's kernel and runs of 16"), the tabled runs took, of the time of the kernel dispatched
+# below the cut: 1.31 at 1 token, 1.20 at 2, 1.06 at 4, 0.95 at 8 (0.91-1.03), 0.85 at 16 (0.78-0.90), 0.72 at 32; with
+# ids that name distinct experts round the E (no sharing), 1.03 at 8 (0.94-1.15).
+RUNS_MIN_TOKENS = 8
 RUN_SLOTS = 8  # slots a run at most: one token tile, the MMA's 8 columns
 # Slots an expert on average (slots / E) from which a tabled run is two token tiles (16 slots, a CTA row), so an
-# expert with more than 8 slots is read half as often; None: never. Off until runs of 16 have run on a GPU
-# (`bench.run_table_ab`); the predicted cut is 12 (a 16-token CTA reads W at about 1.2 x the time of an 8-token one in
-# the dense linear, and a run of 16 halves the reads where an expert has over 8 slots).
-RUN_TILES_MIN_SLOTS = None
-RUN_TILES_PREDICTED = 12
+# expert with more than 8 slots is read once a 16 of them; None: never. The same H100 run, runs of 16 over runs of 8:
+# 0.88-1.00 where an expert has 16 or more slots on average (128 and 256 tokens), 0.96-1.08 at 8 (64 tokens over 32
+# experts, 256 over 128) and 1.08-1.39 below, since a run's second tile is computed whether it holds slots or not and
+# an expert's runs sit on neighbouring CTA rows, so its second read mostly hits the L2.
+RUN_TILES_MIN_SLOTS = 16
 
 
 def run_tiles_for(slots: int, experts: int) -> int:
@@ -892,8 +895,10 @@ def run_table(ids: torch.Tensor, experts: int, cap: int = RUN_SLOTS) -> torch.Te
     return run_table_torch(ids, experts, cap)
 
 
-# The run table from one CuTe kernel rather than a dozen torch kernels: off until it has run on a GPU.
-RUN_TABLE_KERNEL = False
+# The run table from one CuTe kernel rather than a dozen torch kernels: equal to run_table_torch's element for element
+# on an H100 (test_gpu_run_table_kernel_matches_the_torch_table), 2.6-3.2 µs a call in a graph up to 64 slots and
+# 21.5 at 2048, against 52-87 µs for the torch ops.
+RUN_TABLE_KERNEL = True
 
 
 def run_table_kernel(flat: torch.Tensor, experts: int, cap: int = RUN_SLOTS) -> torch.Tensor:
