@@ -421,17 +421,32 @@ def test_ptx_facts(tmp_path, arch, kw, ids, route):
     assert re.search(r"selp\.(b16|b32|f32)\s+%\w+, %\w+, (0x7FC0|0x7E00|0f7FC00000|0f7FFFFFFF), %p", ptx)
 
 
+def test_run_table_config_for_experts():
+    """The warps place side by side up to PARALLEL_BUCKETS buckets (E + 1, the bad ids' among them), warp 0 alone
+    past that; any other bucket count is refused."""
+    from cute_kernels.run_table import BUCKETS, PARALLEL_BUCKETS, RunTableConfig
+
+    assert RunTableConfig.for_experts("i32", 8, PARALLEL_BUCKETS - 1) == RunTableConfig("i32", 8, PARALLEL_BUCKETS)
+    assert RunTableConfig.for_experts("i64", 16, PARALLEL_BUCKETS).buckets == BUCKETS
+    assert RunTableConfig.for_experts("i64", 8, 1).buckets == PARALLEL_BUCKETS
+    with pytest.raises(ValueError, match="buckets must be 512 or 4096, got 1000"):
+        RunTableConfig(buckets=1000)
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("ids", ["i32", "i64"])
-def test_run_table_kernel_ptx(tmp_path, arch, ids):
+@pytest.mark.parametrize("buckets", [512, 4096])
+def test_run_table_kernel_ptx(tmp_path, arch, ids, buckets):
     """The run table's maker counts with integer shared-memory atomics (no global or float atomics), ranks a round
-    of 32 slots with match.any and popc, scans the buckets with shuffles, and reads the ids in their own width."""
+    of 32 slots with match.any and popc, scans the buckets with shuffles, and reads the ids in their own width; the
+    warps placing side by side take two barriers a chunk more (their ranks, then their counts summed)."""
     from registers import compiled_ptx
 
     tmp_path.mkdir(exist_ok=True)
-    ptx = compiled_ptx("run_table", "RunTable", {"ids": ids}, arch, tmp_path)
+    ptx = compiled_ptx("run_table", "RunTable", {"ids": ids, "buckets": buckets}, arch, tmp_path)
     assert "atom.shared.add.u32" in ptx and "atom.global" not in ptx and "red.global" not in ptx
     assert "match.any.sync.b32" in ptx and "popc.b32" in ptx and "shfl.sync.up.b32" in ptx
+    assert len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx)) == (7 if buckets == 512 else 5)
     assert ("ld.global.b64" in ptx or "ld.global.u64" in ptx or "ld.global.s64" in ptx) == (ids == "i64")
 
 
@@ -600,13 +615,15 @@ def test_gpu_run_table_captured_in_a_graph():
 def test_gpu_run_table_kernel_matches_the_torch_table():
     """The table made by cute_kernels.run_table equals run_table_torch's, element for element: random ids in and
     out of range (an int64 id past 2^32 among them), both id dtypes, slot counts about a round of 32 and a staged
-    chunk, few and many experts up to the kernel's last; run_table, the kernel or not, the torch table."""
-    from cute_kernels.run_table import BUCKETS, CHUNK, RunTable
+    chunk, few and many experts up to the kernel's last, on both sides of the warps placing side by side (runs that
+    cross the warps' segments and the chunks among them); run_table, the kernel or not, the torch table."""
+    from cute_kernels.run_table import BUCKETS, CHUNK, PARALLEL_BUCKETS, RunTable
     from nvfp4_gemv.linear import kernels
 
     g = torch.Generator().manual_seed(1)
     cases = [(1, 1), (31, 3), (32, 5), (33, 1), (CHUNK - 1, 7), (CHUNK, 64), (CHUNK + 1, 200), (3 * CHUNK + 17, 128),
-             (600, BUCKETS - 1), (600, BUCKETS)]
+             (600, BUCKETS - 1), (600, BUCKETS), (2 * CHUNK + 5, PARALLEL_BUCKETS - 1), (CHUNK + 40, PARALLEL_BUCKETS),
+             (5000, 2)]
     for i, (slots, e) in enumerate(cases):
         ids = torch.randint(-3, e + 3, (slots,), generator=g)
         if i % 3 == 0:  # router-like: few experts named, long runs

@@ -904,7 +904,7 @@ RUN_TABLE_KERNEL = True
 def run_table_kernel(flat: torch.Tensor, experts: int, cap: int = RUN_SLOTS) -> torch.Tensor:
     """run_table's table from one launch of `cute_kernels.run_table` on flat's CUDA device: flat the (slots,)
     contiguous ids, RunTable.can_implement(slots, experts)."""
-    cfg = RunTableConfig(ids="i32" if flat.dtype == torch.int32 else "i64", cap=cap)
+    cfg = RunTableConfig.for_experts("i32" if flat.dtype == torch.int32 else "i64", cap, experts)
     table = torch.empty(run_table_rows(flat.numel(), experts, cap), 1 + cap, dtype=torch.int32, device=flat.device)
     key = (cfg, flat.device)
     fn = _RUN_TABLES.get(key)
