@@ -901,7 +901,8 @@ def run_table(ids: torch.Tensor, experts: int, cap: int = RUN_SLOTS) -> torch.Te
 RUN_TABLE_KERNEL = True
 
 
-def run_table_kernel(flat: torch.Tensor, experts: int, cap: int = RUN_SLOTS, buckets: int | None = None) -> torch.Tensor:
+def run_table_kernel(flat: torch.Tensor, experts: int, cap: int = RUN_SLOTS,
+                     buckets: int | None = None) -> torch.Tensor:
     """run_table's table from one launch of `cute_kernels.run_table` on flat's CUDA device: flat the (slots,)
     contiguous ids, RunTable.can_implement(slots, experts). `buckets` forces the kernel's bucket count (None: the
     warps side by side where their counts fit, RunTableConfig.for_experts)."""
