@@ -760,8 +760,6 @@ class LinearW4A16:
             else:
                 toks[t] = cutlass.min(bidy * cfg.tokens_per_cta + cfg.tile_tokens * t + r // kp, m - 1)
 
-        # the output's factor (the global scale) loaded before the K loop, so that its latency is off the CTA's tail
-        factor = self.output_factor(mGS, route)
         red, cta_sums = self.reduction_smem()
         accs = [cute.make_rmem_tensor(cute.make_layout((4, cfg.groups, cfg.token_tiles)), Float32)
                 for _ in range(cfg.acc_sets)]
@@ -829,7 +827,7 @@ class LinearW4A16:
             for i in cutlass.range_constexpr(4 * cfg.groups * cfg.token_tiles):
                 acc[i] = acc[i] + accs[1][i]
 
-        out = (factor, row0, r, c, bidy, mY, mBias, m, n)
+        out = (mGS, row0, r, c, bidy, mY, mBias, m, n)
         if const_expr(route is not None):
             out = (*out, route)
         self.sum_and_store(acc, red, cta_sums, lane, warp, wr, wk, split, out)
@@ -988,15 +986,15 @@ class LinearW4A16:
             v = v + ld_shared_cluster_f32(addr, z)
         return v
 
-    def store_sums(self, sum_of, sum_args, factor, row0, r, c, bidy, mY, mBias, m, n, route=None):
+    def store_sums(self, sum_of, sum_args, mGS, row0, r, c, bidy, mY, mBias, m, n, route=None):
         """Every output of this thread's rows and tokens: sum_of(i, *sum_args) for accumulator i, through `store`.
         With P = k_parts > 1, accumulators 2h and 2h + 1 are columns 2c and 2c + 1 of MMA row r + 8h, that is
         (token (2c + b) / P, part (2c + b) % P) against (weight row 8h / P + r / P, part r % P): a lane keeps the one
         whose parts match (b = r % 2, where c % (P / 2) == (r % P) / 2; zero elsewhere), and the P parts of a row
-        meet by a fixed butterfly over the lane bits that name them (r's low bits, c's low bits). `factor`: what
-        output_factor gave."""
+        meet by a fixed butterfly over the lane bits that name them (r's low bits, c's low bits)."""
         cfg = self.cfg
         kp = cfg.k_parts
+        factor = self.output_factor(mGS, route)
         for g in range(cfg.groups):
             for t in range(cfg.token_tiles):
                 for q in range(4):

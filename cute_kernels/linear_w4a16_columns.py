@@ -264,7 +264,6 @@ class LinearW4A16Columns(LinearW4A16):
                 rows[g, h] = cutlass.min(row0 + 16 * g + 8 * h + r, n - 1)
         tok_x = cutlass.min(bidy * 2 + r // 4, m - 1)
         holds_x = r % 4 == c
-        factor = self.output_factor(mGS)  # before the K loop, as in LinearW4A16.body
 
         red, cta_sums = self.reduction_smem()
         acc = cute.make_rmem_tensor(cute.make_layout((2, cfg.groups)), Float32)
@@ -298,8 +297,7 @@ class LinearW4A16Columns(LinearW4A16):
                 self.load_x(rX, xp, s_last, tok_x, holds_x, c, live)
                 self.compute_cols(rW, rS, rX, acc, tok_factor)
 
-        self.sum_and_store(acc, red, cta_sums, lane, warp, wr, wk, split,
-                           (fx, factor, row0, r, c, bidy, mY, mBias, m, n))
+        self.sum_and_store(acc, red, cta_sums, lane, warp, wr, wk, split, (fx, mGS, row0, r, c, bidy, mY, mBias, m, n))
 
     def folds_token_factor(self) -> bool:
         """Whether the token's factor multiplies the block scales (MXFP4 with bf16 x) rather than the output."""
@@ -308,10 +306,11 @@ class LinearW4A16Columns(LinearW4A16):
     def sums_per_thread(self) -> int:
         return 2 * self.cfg.groups  # rows r and r + 8 of each group, one token
 
-    def store_sums(self, sum_of, sum_args, fx, factor, row0, r, c, bidy, mY, mBias, m, n):
+    def store_sums(self, sum_of, sum_args, fx, mGS, row0, r, c, bidy, mY, mBias, m, n):
         """(LinearW4A16.store_sums for block columns.) Rows r, r + 8 of each group, token c / 2: this lane's two
         columns plus its neighbour's (lane c ^ 1), in that order for even c, which stores."""
         cfg = self.cfg
+        factor = self.output_factor(mGS)
         for g in range(cfg.groups):
             for h in range(2):
                 v = sum_of(h + 2 * g, *sum_args)
