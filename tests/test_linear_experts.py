@@ -616,7 +616,8 @@ def test_gpu_run_table_kernel_matches_the_torch_table():
     """The table made by cute_kernels.run_table equals run_table_torch's, element for element: random ids in and
     out of range (an int64 id past 2^32 among them), both id dtypes, slot counts about a round of 32 and a staged
     chunk, few and many experts up to the kernel's last, on both sides of the warps placing side by side (runs that
-    cross the warps' segments and the chunks among them); run_table, the kernel or not, the torch table."""
+    cross the warps' segments and the chunks among them), each placement where it applies; run_table, the kernel or
+    not, the torch table."""
     from cute_kernels.run_table import BUCKETS, CHUNK, PARALLEL_BUCKETS, RunTable
     from nvfp4_gemv.linear import kernels
 
@@ -636,8 +637,10 @@ def test_gpu_run_table_kernel_matches_the_torch_table():
                 dev = flat.view(shape).cuda()
                 for cap in (8, 16):  # one token tile a run, or two
                     if RunTable.can_implement(slots, e):
-                        got = kernels.run_table_kernel(dev.reshape(-1), e, cap)
                         want = kernels.run_table_torch(flat.view(shape), e, cap)
-                        assert torch.equal(got.cpu(), want), (slots, e, dtype, cap)
+                        for buckets in (PARALLEL_BUCKETS, BUCKETS) if e < PARALLEL_BUCKETS else (BUCKETS,):
+                            got = kernels.run_table_kernel(dev.reshape(-1), e, cap, buckets)
+                            assert torch.equal(got.cpu(), want), (slots, e, dtype, cap, buckets)
+                        got = kernels.run_table_kernel(dev.reshape(-1), e, cap)  # as dispatched
                         assert torch.equal(got, kernels.run_table_torch(dev, e, cap))
                     assert torch.equal(kernels.run_table(dev, e, cap), kernels.run_table_torch(dev, e, cap))
