@@ -54,6 +54,12 @@ def bucket(mIds: cute.Tensor, j, experts):
     return Int32(cutlass.select_(e >= 0, e, experts))
 
 
+def buckets_for(experts: int) -> int:
+    """The bucket count for E experts: PARALLEL_BUCKETS (the warps side by side) where their counts fit
+    (E + 1 <= PARALLEL_BUCKETS), else BUCKETS (warp 0 alone)."""
+    return PARALLEL_BUCKETS if experts + 1 <= PARALLEL_BUCKETS else BUCKETS
+
+
 @dataclass(frozen=True)
 class RunTableConfig:
     """The cache key of one compiled table maker."""
@@ -69,11 +75,6 @@ class RunTableConfig:
             raise ValueError(f"cap must be 1 to 32, got {self.cap}")
         if self.buckets not in (PARALLEL_BUCKETS, BUCKETS):
             raise ValueError(f"buckets must be {PARALLEL_BUCKETS} or {BUCKETS}, got {self.buckets}")
-
-    @staticmethod
-    def for_experts(ids: str, cap: int, experts: int) -> "RunTableConfig":
-        """The config for E experts: the warps side by side where their counts fit (E + 1 <= PARALLEL_BUCKETS)."""
-        return RunTableConfig(ids, cap, PARALLEL_BUCKETS if experts + 1 <= PARALLEL_BUCKETS else BUCKETS)
 
 
 class RunTable:

@@ -421,14 +421,14 @@ def test_ptx_facts(tmp_path, arch, kw, ids, route):
     assert re.search(r"selp\.(b16|b32|f32)\s+%\w+, %\w+, (0x7FC0|0x7E00|0f7FC00000|0f7FFFFFFF), %p", ptx)
 
 
-def test_run_table_config_for_experts():
+def test_run_table_buckets_for():
     """The warps place side by side up to PARALLEL_BUCKETS buckets (E + 1, the bad ids' among them), warp 0 alone
     past that; any other bucket count is refused."""
-    from cute_kernels.run_table import BUCKETS, PARALLEL_BUCKETS, RunTableConfig
+    from cute_kernels.run_table import BUCKETS, PARALLEL_BUCKETS, RunTableConfig, buckets_for
 
-    assert RunTableConfig.for_experts("i32", 8, PARALLEL_BUCKETS - 1) == RunTableConfig("i32", 8, PARALLEL_BUCKETS)
-    assert RunTableConfig.for_experts("i64", 16, PARALLEL_BUCKETS).buckets == BUCKETS
-    assert RunTableConfig.for_experts("i64", 8, 1).buckets == PARALLEL_BUCKETS
+    assert buckets_for(PARALLEL_BUCKETS - 1) == PARALLEL_BUCKETS
+    assert buckets_for(PARALLEL_BUCKETS) == BUCKETS
+    assert buckets_for(1) == PARALLEL_BUCKETS
     with pytest.raises(ValueError, match="buckets must be 512 or 4096, got 1000"):
         RunTableConfig(buckets=1000)
 

@@ -16,7 +16,7 @@ from cute_kernels.linear_w4a16 import STEP_K, LinearW4A16, LinearW4A16Config
 from cute_kernels.linear_w4a16_columns import LinearW4A16Columns, prepared_words
 from cute_kernels.linear_w4a16_experts import LinearW4A16Experts
 from cute_kernels.linear_w4a16_fragments import LinearW4A16Fragments, fragment_words
-from cute_kernels.run_table import BUCKETS, RunTable, RunTableConfig
+from cute_kernels.run_table import BUCKETS, RunTable, RunTableConfig, buckets_for
 from cute_kernels.targets import target
 from cute_kernels.tc_workspace import capability, sm_count
 from nvfp4_gemv.dispatch import MAX_CTAS_PER_SM, REGISTER_FILE, ctas_per_sm, last_wave_fill
@@ -901,8 +901,8 @@ def run_table(ids: torch.Tensor, experts: int, cap: int = RUN_SLOTS) -> torch.Te
 RUN_TABLE_KERNEL = True
 
 
-# The run table's slots placed by the CTA's warps side by side where their counts fit (E < 512; RunTableConfig.
-# for_experts), rather than by warp 0 alone (about 10 ns a slot past 64 slots on an H100). Compiled for sm_90a and
+# The run table's slots placed by the CTA's warps side by side where their counts fit (E < 512; run_table.
+# buckets_for), rather than by warp 0 alone (about 10 ns a slot past 64 slots on an H100). Compiled for sm_90a and
 # sm_100a and checked as an algorithm against run_table_torch; off until a GPU has run it (the GPU test compares both
 # placements with the torch table, and bench.run_table_placement_ab times them).
 RUN_TABLE_SIDE_BY_SIDE = False
@@ -913,10 +913,9 @@ def run_table_kernel(flat: torch.Tensor, experts: int, cap: int = RUN_SLOTS,
     """run_table's table from one launch of `cute_kernels.run_table` on flat's CUDA device: flat the (slots,)
     contiguous ids, RunTable.can_implement(slots, experts). `buckets` forces the kernel's bucket count (None: the
     warps side by side where RUN_TABLE_SIDE_BY_SIDE is on and their counts fit, else warp 0 alone)."""
-    ids = "i32" if flat.dtype == torch.int32 else "i64"
     if buckets is None:
-        buckets = RunTableConfig.for_experts(ids, cap, experts).buckets if RUN_TABLE_SIDE_BY_SIDE else BUCKETS
-    cfg = RunTableConfig(ids, cap, buckets)
+        buckets = buckets_for(experts) if RUN_TABLE_SIDE_BY_SIDE else BUCKETS
+    cfg = RunTableConfig("i32" if flat.dtype == torch.int32 else "i64", cap, buckets)
     table = torch.empty(run_table_rows(flat.numel(), experts, cap), 1 + cap, dtype=torch.int32, device=flat.device)
     key = (cfg, flat.device)
     fn = _RUN_TABLES.get(key)
