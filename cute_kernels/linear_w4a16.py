@@ -58,6 +58,7 @@ from layouts.constants import SF_VEC
 from layouts.sf_cute import sf_layout_by_col
 
 STEP_K = 128  # K elements a warp covers per step: 4 threads x 32 codes
+MMA_COLUMNS = 8  # the MMA's N: the tokens of one token tile
 FORMATS = ("nvfp4", "mxfp4")
 X_DTYPES = ("bf16", "fp16")
 MX_VEC = 32

@@ -36,6 +36,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Uint32, const_expr
 
 from cute_kernels.compile import SmemAllocator, launch
+from cute_kernels.linear_w4a16 import MMA_COLUMNS
 from cute_kernels.linear_w4a16_experts import ID_DTYPES, RUN_UNUSED, expert_key
 
 THREADS = 512
@@ -65,7 +66,7 @@ class RunTableConfig:
     """The cache key of one compiled table maker."""
 
     ids: str = "i64"  # the ids' dtype: "i32" or "i64"
-    cap: int = 8  # slots a run at most (the experts kernel's token tile)
+    cap: int = MMA_COLUMNS  # slots a run at most (the experts kernel's token tile)
     buckets: int = BUCKETS  # E + 1 at most: PARALLEL_BUCKETS (the warps place side by side) or BUCKETS (warp 0)
 
     def __post_init__(self):
@@ -174,10 +175,11 @@ class RunTable:
                 keys[j] = bucket(mIds, base + j, experts)
                 j = j + THREADS
             if const_expr(parallel):
-                i = tidx
-                while i < WARPS * (experts + 1):
-                    warp_count[i // (experts + 1), i - (i // (experts + 1)) * (experts + 1)] = Int32(0)
-                    i = i + THREADS
+                b = tidx
+                while b <= experts:
+                    for w in cutlass.range_constexpr(WARPS):
+                        warp_count[w, b] = Int32(0)
+                    b = b + THREADS
             cute.arch.sync_threads()
             if const_expr(parallel):
                 # each warp ranks its segment of the chunk among its own slots of each bucket

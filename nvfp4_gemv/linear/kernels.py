@@ -12,7 +12,7 @@ import threading
 import torch
 
 from cute_kernels.compile import compile_kernel, raw_function
-from cute_kernels.linear_w4a16 import STEP_K, LinearW4A16, LinearW4A16Config
+from cute_kernels.linear_w4a16 import MMA_COLUMNS, STEP_K, LinearW4A16, LinearW4A16Config
 from cute_kernels.linear_w4a16_columns import LinearW4A16Columns, prepared_words
 from cute_kernels.linear_w4a16_experts import LinearW4A16Experts
 from cute_kernels.linear_w4a16_fragments import LinearW4A16Fragments, fragment_words
@@ -850,7 +850,7 @@ SLOTS_CHUNK = 65535
 # below the cut: 1.31 at 1 token, 1.20 at 2, 1.06 at 4, 0.95 at 8 (0.91-1.03), 0.85 at 16 (0.78-0.90), 0.72 at 32; with
 # ids that name distinct experts round the E (no sharing), 1.03 at 8 (0.94-1.15).
 RUNS_MIN_TOKENS = 8
-RUN_SLOTS = 8  # slots of one token tile of a run, the MMA's 8 columns (a run is one tile or two: run_tiles_for)
+RUN_SLOTS = MMA_COLUMNS  # slots of one token tile of a run, the MMA's 8 columns (a run is one tile or two: run_tiles_for)
 # Slots an expert on average (slots / E) from which a tabled run is two token tiles (16 slots, a CTA row), so an
 # expert with more than 8 slots is read once a 16 of them; None: never. The same H100 run, runs of 16 over runs of 8:
 # 0.88-1.00 where an expert has 16 or more slots on average (128 and 256 tokens), 0.96-1.08 at 8 (64 tokens over 32
