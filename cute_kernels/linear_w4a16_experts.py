@@ -23,7 +23,9 @@ or one launch of `cute_kernels.run_table` where `kernels.RUN_TABLE_KERNEL` is on
 runs) exit. No scan, whose cost grows with the slots each CTA reads, and the runs of one expert sit on neighbouring
 CTA rows. The slots of a run and their columns are the scan's, so the results are the same bits. A tabled run may
 also be two token tiles (`token_tiles` 2: up to 16 slots, the table 1 + 16 wide), so that an expert with more than 8
-slots is read half as often; each MMA column is still summed on its own, so the bits are again the same.
+slots is read half as often; each MMA column is still summed on its own, so the bits are again the same. A run of
+two tiles whose second holds no slot (an expert with 8 or fewer) is computed by the one-tile body, so that its CTA
+neither loads x for nor multiplies the empty tile (the kernel holds both bodies; a CTA takes one).
 
 Nothing is sorted, counted or synchronised on the host, so the call takes CUDA-graph capture: a decode step with T
 tokens and top_k experts each is one launch of at most T·top_k·⌈N/rows⌉ CTAs (with a run table, the table's
@@ -31,6 +33,8 @@ kernels before it). An id outside [0, E) reads expert 0's bytes and stores NaN i
 group of their own): no read outside W, and no silent answer. The sums, the K order and the split over warps are
 those of `LinearW4A16` with the same config.
 """
+
+import dataclasses
 
 import cutlass
 import cutlass.cute as cute
@@ -103,6 +107,12 @@ def lane_slots(member, first, kp: int):
     return Int32(cutlass.select_(s_tok >= 0, s_tok, first)), member((2 * c) // kp), member((2 * c + 1) // kp)
 
 
+def table_route(mTable, row, e, first, top_k, n, kp: int, tile_tokens: int, tiles: int) -> Route:
+    """The route of run table row `row` (expert e, first slot `first`) over its first `tiles` token tiles."""
+    return Route(e, top_k, n, kp, first, [lane_slots(lambda j, t=t: mTable[row, 1 + tile_tokens * t + j], first, kp)
+                                          for t in range(tiles)])
+
+
 @cute.jit
 def expert_key(mIds: cute.Tensor, j, experts):
     """Slot j's expert id as the kernel takes it: in [0, E), or -1 for an id outside (compared in the ids' own width,
@@ -152,6 +162,13 @@ class LinearW4A16Experts(LinearW4A16):
     N), global scales (E,) fp32, bias (E, N), ids (T, top_k) of the config's id dtype), each as the caller holds it
     (W, scales, y and ids contiguous): the kernel views the stacked experts as one weight of E·N rows and the ids and
     y by slot, so a call makes no torch views."""
+
+    def __init__(self, config, target=None):
+        super().__init__(config, target)
+        # a tabled run of two tiles whose second holds no slot: the one-tile kernel's body, the same split
+        self.one_tile = None
+        if config.expert_runs and config.token_tiles > 1:
+            self.one_tile = type(self)(dataclasses.replace(config, token_tiles=1), target)
 
     @staticmethod
     def can_implement(tokens: int, slots: int, n: int, k: int, experts: int) -> bool:
@@ -220,10 +237,17 @@ class LinearW4A16Experts(LinearW4A16):
             e = mIds[row, 0]
             if e != Int32(RUN_UNUSED):
                 first = mIds[row, 1]
-                tt = self.cfg.tile_tokens
-                tiles = [lane_slots(lambda j, t=t: mIds[row, 1 + tt * t + j], first, kp)
-                         for t in range(self.cfg.token_tiles)]
-                self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k, Route(e, top_k, n, kp, first, tiles))
+                tt, tiles = self.cfg.tile_tokens, self.cfg.token_tiles
+                if const_expr(self.one_tile is not None):
+                    if mIds[row, 1 + tt] < Int32(0):  # the second tile holds no slot
+                        self.one_tile.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k,
+                                           table_route(mIds, row, e, first, top_k, n, kp, tt, 1))
+                    else:
+                        self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k,
+                                  table_route(mIds, row, e, first, top_k, n, kp, tt, tiles))
+                else:
+                    self.body(x_words, w_words, sf, mY, mGS, mBias, m, n, k,
+                              table_route(mIds, row, e, first, top_k, n, kp, tt, tiles))
         elif const_expr(self.cfg.expert_group):
             slots = mIds.shape[0]
             _, rows, _ = cute.arch.grid_dim()

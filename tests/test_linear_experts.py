@@ -524,7 +524,8 @@ def test_gpu_shared_experts_grouped_match_reference_and_slots(fmt, dtype, e, n, 
     nan[1::3, 0] = True
     assert yb[nan].isnan().all() and torch.equal(yb[~nan], y[~nan])
     # The same runs from the table made on the device (expert_runs, int32 ids as the table holds them), in runs of
-    # one token tile and of two (16 slots a CTA row): the same bits
+    # one token tile and of two (16 slots a CTA row; a run of 8 or fewer slots there takes the one-tile body): the
+    # same bits
     for tiles in (1, 2):
         runs = EagerExperts(bind=functools.partial(kernels.bind_experts, expert_runs=True, token_tiles=tiles),
                             max_tokens=1 << 30)
