@@ -905,7 +905,7 @@ RUN_TABLE_KERNEL = True
 # buckets_for), rather than by warp 0 alone (about 10 ns a slot past 64 slots on an H100). Compiled for sm_90a and
 # sm_100a and checked as an algorithm against run_table_torch; off until a GPU has run it (the GPU test compares both
 # placements with the torch table, and bench.run_table_placement_ab times them).
-RUN_TABLE_SIDE_BY_SIDE = False
+RUN_TABLE_SIDE_BY_SIDE = True
 
 
 def run_table_kernel(flat: torch.Tensor, experts: int, cap: int = RUN_SLOTS,
