@@ -318,7 +318,7 @@ def test_run_tiles_for(monkeypatch):
     from nvfp4_gemv.linear import kernels
 
     lo = kernels.RUN_TILES_MIN_SLOTS
-    assert lo == 16  # the measured cut (BENCHMARKS.md, "The run table's kernel and runs of 16")
+    assert lo == 8  # the measured cut (BENCHMARKS.md, "The run table placed side by side, and runs of 16 from 8 slots")
     assert kernels.run_tiles_for(lo * 32, 32) == 2 and kernels.run_tiles_for(lo * 32 - 1, 32) == 1
     args = (5760, 2880, "mxfp4", "bf16", "i32", False, False)
     two = kernels.experts_config(*args, tokens=lo * 8, top_k=4, experts=32)
@@ -431,6 +431,22 @@ def test_run_table_buckets_for():
     assert buckets_for(1) == PARALLEL_BUCKETS
     with pytest.raises(ValueError, match="buckets must be 512 or 4096, got 1000"):
         RunTableConfig(buckets=1000)
+
+
+def test_run_table_buckets_dispatched(monkeypatch):
+    """Dispatch places side by side from RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS slots where the counts fit (the measured
+    cut), warp 0 alone below it, past 511 experts, or with the placement off."""
+    from cute_kernels.run_table import BUCKETS, PARALLEL_BUCKETS
+    from nvfp4_gemv.linear import kernels
+
+    lo = kernels.RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS
+    assert lo == 192  # BENCHMARKS.md, "The run table placed side by side, and runs of 16 from 8 slots"
+    assert kernels.run_table_buckets(lo, 128) == PARALLEL_BUCKETS
+    assert kernels.run_table_buckets(lo - 1, 128) == BUCKETS
+    assert kernels.run_table_buckets(10**5, PARALLEL_BUCKETS - 1) == PARALLEL_BUCKETS
+    assert kernels.run_table_buckets(10**5, PARALLEL_BUCKETS) == BUCKETS
+    monkeypatch.setattr(kernels, "RUN_TABLE_SIDE_BY_SIDE", False)
+    assert kernels.run_table_buckets(10**5, 8) == BUCKETS
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

@@ -1288,17 +1288,17 @@ def test_block_columns(fmt, layout, dtype, k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
 def test_block_columns_dispatched_and_in_a_graph(dtype):
-    """The dispatched path where the rule takes block columns (MXFP4, 24 MB of codes, 1-2 tokens) against the
-    reference through fp4_linear, then the same calls captured in a CUDA graph (two kernels a call) and replayed
-    with new x: the same bits as eager."""
+    """The dispatched path on MXFP4 at 1-2 tokens and 24 MB of codes, where the rule takes block columns with fp16 x
+    (two kernels a call) and the scale fold with bf16 x, against the reference through fp4_linear, then the same
+    calls captured in a CUDA graph and replayed with new x: the same bits as eager."""
     from nvfp4_gemv.linear import fp4_linear
 
     n, k = 8192, 6144
     w, scale, plain = _operands(n, k, "mxfp4", "plain")
     w, scale = w.cuda(), scale.cuda()
     for m in (1, 2):
-        assert kernels.config_for(m, n, k, "mxfp4", "plain", "fp16" if dtype == torch.float16 else "bf16", False,
-                                  False).block_columns
+        cfg = kernels.config_for(m, n, k, "mxfp4", "plain", "fp16" if dtype == torch.float16 else "bf16", False, False)
+        assert cfg.block_columns if dtype == torch.float16 else (cfg.mx_fold and not cfg.block_columns)
         x = torch.randn(m, k).to(dtype).cuda()
         y = fp4_linear(x, w, scale, "mxfp4")
         _check(y, x, w, plain, "mxfp4")

@@ -852,11 +852,12 @@ SLOTS_CHUNK = 65535
 RUNS_MIN_TOKENS = 8
 RUN_SLOTS = MMA_COLUMNS  # slots of one token tile of a run, the MMA's 8 columns (a run is one tile or two: run_tiles_for)
 # Slots an expert on average (slots / E) from which a tabled run is two token tiles (16 slots, a CTA row), so an
-# expert with more than 8 slots is read once a 16 of them; None: never. The same H100 run, runs of 16 over runs of 8:
-# 0.88-1.00 where an expert has 16 or more slots on average (128 and 256 tokens), 0.96-1.08 at 8 (64 tokens over 32
-# experts, 256 over 128) and 1.08-1.39 below, since a run's second tile is computed whether it holds slots or not and
-# an expert's runs sit on neighbouring CTA rows, so its second read mostly hits the L2.
-RUN_TILES_MIN_SLOTS = 16
+# expert with more than 8 slots is read once a 16 of them; None: never. A run of two tiles whose second holds no slot
+# takes the one-tile body (cute_kernels.linear_w4a16_experts). Graph-timed on an H100 over the bench's six MoE shapes
+# with a router's random ids (docs/run_table_ab_h100_skip.csv, two rounds; BENCHMARKS.md, "The run table placed side
+# by side, and runs of 16 from 8 slots"), runs of 16 over runs of 8: 0.88-0.98 at 16 or more slots an expert, 0.90-1.02
+# at 8 (geomean 0.96), 1.04-1.17 at 2-4 and 1.04-1.21 below 2. (Before the empty tile was skipped: 1.03-1.35 at 2-8.)
+RUN_TILES_MIN_SLOTS = 8
 
 
 def run_tiles_for(slots: int, experts: int) -> int:
@@ -902,19 +903,29 @@ RUN_TABLE_KERNEL = True
 
 
 # The run table's slots placed by the CTA's warps side by side where their counts fit (E < 512; run_table.
-# buckets_for), rather than by warp 0 alone (about 10 ns a slot past 64 slots on an H100). Compiled for sm_90a and
-# sm_100a and checked as an algorithm against run_table_torch; off until a GPU has run it (the GPU test compares both
-# placements with the torch table, and bench.run_table_placement_ab times them).
+# buckets_for) and there are at least RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS slots, rather than by warp 0 alone (about 10 ns
+# a slot past 64 slots). On an H100, graph-timed (docs/run_table_placement_h100.csv; BENCHMARKS.md, "The run table
+# placed side by side, and runs of 16 from 8 slots"), side by side over warp 0 alone: 1.02-1.19 at 32-128 slots (the
+# 16 warps' counts zeroed and summed a chunk: 0.1-0.7 µs more), 0.91-1.03 at 192, 0.86-0.92 at 256 and 0.27-0.55 from
+# 1,024 (2,048 slots: 4.8-9.7 µs against 13.1-22.7); the tables equal everywhere.
 RUN_TABLE_SIDE_BY_SIDE = True
+RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS = 192
+
+
+def run_table_buckets(slots: int, experts: int) -> int:
+    """The run table kernel's bucket count for a call: run_table.PARALLEL_BUCKETS (the warps side by side) where
+    RUN_TABLE_SIDE_BY_SIDE is on, slots >= RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS and E + 1 buckets fit, else BUCKETS."""
+    side = RUN_TABLE_SIDE_BY_SIDE and slots >= RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS
+    return buckets_for(experts) if side else BUCKETS
 
 
 def run_table_kernel(flat: torch.Tensor, experts: int, cap: int = RUN_SLOTS,
                      buckets: int | None = None) -> torch.Tensor:
     """run_table's table from one launch of `cute_kernels.run_table` on flat's CUDA device: flat the (slots,)
-    contiguous ids, RunTable.can_implement(slots, experts). `buckets` forces the kernel's bucket count (None: the
-    warps side by side where RUN_TABLE_SIDE_BY_SIDE is on and their counts fit, else warp 0 alone)."""
+    contiguous ids, RunTable.can_implement(slots, experts). `buckets` forces the kernel's bucket count (None:
+    run_table_buckets)."""
     if buckets is None:
-        buckets = buckets_for(experts) if RUN_TABLE_SIDE_BY_SIDE else BUCKETS
+        buckets = run_table_buckets(flat.numel(), experts)
     cfg = RunTableConfig("i32" if flat.dtype == torch.int32 else "i64", cap, buckets)
     table = torch.empty(run_table_rows(flat.numel(), experts, cap), 1 + cap, dtype=torch.int32, device=flat.device)
     key = (cfg, flat.device)
