@@ -850,7 +850,7 @@ SLOTS_CHUNK = 65535
 # below the cut: 1.31 at 1 token, 1.20 at 2, 1.06 at 4, 0.95 at 8 (0.91-1.03), 0.85 at 16 (0.78-0.90), 0.72 at 32; with
 # ids that name distinct experts round the E (no sharing), 1.03 at 8 (0.94-1.15).
 RUNS_MIN_TOKENS = 8
-RUN_SLOTS = MMA_COLUMNS  # slots of one token tile of a run, the MMA's 8 columns (a run is one tile or two: run_tiles_for)
+RUN_SLOTS = MMA_COLUMNS  # slots of one token tile of a run, the MMA's columns (a run is one tile or two: run_tiles_for)
 # Slots an expert on average (slots / E) from which a tabled run is two token tiles (16 slots, a CTA row), so an
 # expert with more than 8 slots is read once a 16 of them; None: never. A run of two tiles whose second holds no slot
 # takes the one-tile body (cute_kernels.linear_w4a16_experts). Graph-timed on an H100 over the bench's six MoE shapes
