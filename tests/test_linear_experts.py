@@ -435,7 +435,7 @@ def test_run_table_buckets_for():
 
 def test_run_table_buckets_dispatched(monkeypatch):
     """Dispatch places side by side from RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS slots where the counts fit (the measured
-    cut), warp 0 alone below it, past 511 experts, or with the placement off."""
+    cut), warp 0 alone below it, past 511 experts, or with the cut None."""
     from cute_kernels.run_table import BUCKETS, PARALLEL_BUCKETS
     from nvfp4_gemv.linear import kernels
 
@@ -445,7 +445,7 @@ def test_run_table_buckets_dispatched(monkeypatch):
     assert kernels.run_table_buckets(lo - 1, 128) == BUCKETS
     assert kernels.run_table_buckets(10**5, PARALLEL_BUCKETS - 1) == PARALLEL_BUCKETS
     assert kernels.run_table_buckets(10**5, PARALLEL_BUCKETS) == BUCKETS
-    monkeypatch.setattr(kernels, "RUN_TABLE_SIDE_BY_SIDE", False)
+    monkeypatch.setattr(kernels, "RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS", None)
     assert kernels.run_table_buckets(10**5, 8) == BUCKETS
 
 
