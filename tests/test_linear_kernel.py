@@ -631,6 +631,35 @@ def test_past_the_grid_limit_m_is_launched_in_chunks(monkeypatch):
     assert calls == [(kernels.M_CHUNK, kernels.M_CHUNK)] * 2 + [(40, 40)]
 
 
+def test_decode_rows_keep_their_plan(monkeypatch):
+    """A bound launch plans once a token class and keeps a call's plan by M up to DECODE_ROWS rows, so that a decode
+    step's call asks neither the prefill rule nor the size check again; past DECODE_ROWS every call asks both (checked
+    on meta tensors, with the compiled kernel stubbed)."""
+    from nvfp4_gemv.linear import prefill
+
+    planned, calls, asked = [], [], []
+
+    def plan_for(m, n, k, *args, **override):
+        planned.append(m)
+        return (lambda x2d, w, sf, out2d, gs, b: calls.append(x2d.shape[0]), None, None, None)
+
+    takes = prefill.takes
+    monkeypatch.setattr(kernels, "plan_for", plan_for)
+    monkeypatch.setattr(prefill, "takes", lambda m, *args: (asked.append(m), takes(m, *args))[1])
+    n, k, past = 64, 128, kernels.DECODE_ROWS + 1
+    assert past < prefill.PREFILL_MIN_TOKENS
+    launch = kernels.bind(n, k, torch.device("meta"), torch.bfloat16, torch.uint8, "nvfp4", "plain", False, False)
+    w = torch.empty(n, k // 2, dtype=torch.uint8, device="meta")
+    sf = torch.empty(n, k // 16, dtype=torch.uint8, device="meta")
+    rows = [1, 1, 2, 1, 16, 16, past, past]
+    for m in rows:
+        launch(torch.empty(m, n, dtype=torch.bfloat16, device="meta"),
+               torch.empty(m, k, dtype=torch.bfloat16, device="meta"), w, sf, None, None)
+    assert calls == rows
+    assert planned == [1, 16, past]  # 1 and 2 tokens are one token class
+    assert asked == [1, 2, 16, past, past]
+
+
 def test_register_cap_rules():
     from cute_kernels.linear_w4a16 import LinearW4A16Config
 
