@@ -722,10 +722,11 @@ DECODE_ROWS = 64
 
 def bind(n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
     """The launch of one call signature (everything but M and the data): `launch(out2d, x2d, weight_u8, scale,
-    global_scale, bias)`. A call costs the size check (M enters it), one dict lookup and the TVM-FFI launch; the
-    config is chosen and compiled on the first call of each token class (M <= 2, 3-4, 5-8, 9-12, 13-16, 17-32,
-    more with ceil(M / 16) even, more with it odd: within each, k_parts_for, token_tiles_for and m_major_for give
-    one answer; past M_CHUNK rows, one launch a chunk of them). From prefill.PREFILL_MIN_TOKENS tokens (not with
+    global_scale, bias)`. A call of up to DECODE_ROWS rows costs a dict lookup by M and the TVM-FFI launch, once its M
+    has been seen; any other, the size check (M enters it), one dict lookup and the launch; the config is chosen and
+    compiled on the first call of each token class (M <= 2, 3-4, 5-8, 9-12, 13-16, 17-32, more with ceil(M / 16)
+    even, more with it odd: within each, k_parts_for, token_tiles_for and m_major_for give one answer; past M_CHUNK
+    rows, one launch a chunk of them). From prefill.PREFILL_MIN_TOKENS tokens (not with
     `override`, which names a config of the fp4 kernel) the call goes to the dequantize-and-GEMM path instead
     (nvfp4_gemv/linear/prefill.py)."""
     plans = {}
