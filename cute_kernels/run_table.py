@@ -21,8 +21,8 @@ One CTA of THREADS threads, four steps with a barrier between:
          ranks its own CHUNK / WARPS slots of the chunk against counts of its own (a WARPS × buckets table in shared
          memory), every thread then sums those counts over the warps below it, bucket by bucket, and every thread
          places its slots: ⌈CHUNK / WARPS / 32⌉ rounds a warp, side by side. (`kernels.run_table_buckets` takes this
-         placement from 192 slots: on an H100, 0.27-0.43 of warp 0's time from 1,024 slots, and 0.1-0.7 µs more up
-         to 128, for the counts zeroed and summed a chunk.)
+         placement from `kernels.RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS` slots: on an H100, 0.27-0.43 of warp 0's time
+         from 1,024 slots, and 0.1-0.7 µs more up to 128, for the counts zeroed and summed a chunk.)
        - Past that (`buckets` BUCKETS), the warps' counts do not fit, and warp 0 places the chunk alone: ⌈slots / 32⌉
          dependent rounds (a few hundred cycles each; about 10 ns a slot measured on an H100).
 
