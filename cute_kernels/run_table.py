@@ -14,17 +14,18 @@ One CTA of THREADS threads, four steps with a barrier between:
        their order)
     3. warp 0: each bucket's first row, ⌈count / cap⌉ runs a bucket summed in bucket order (a lane's share of the
        buckets, then a warp scan)
-    4. slots in order, CHUNK at a time staged in shared memory by every thread, then placed 32 a round: a lane's
+    4. slots in order, a chunk at a time staged in shared memory by every thread, then placed 32 a round: a lane's
        rank among the slots of its bucket is the bucket's slots placed before the round plus the lanes below it with
        the same bucket (`match.any`), so the order is the slots', not the atomics'.
-       - Up to PARALLEL_BUCKETS buckets (`buckets` PARALLEL_BUCKETS: E < 512, every MoE model's router), each warp
-         ranks its own CHUNK / WARPS slots of the chunk against counts of its own (a WARPS × buckets table in shared
-         memory), every thread then sums those counts over the warps below it, bucket by bucket, and every thread
-         places its slots: ⌈CHUNK / WARPS / 32⌉ rounds a warp, side by side. (`kernels.run_table_buckets` takes this
-         placement from `kernels.RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS` slots: on an H100, 0.27-0.43 of warp 0's time
-         from 1,024 slots, and 0.1-0.7 µs more up to 128, for the counts zeroed and summed a chunk.)
-       - Past that (`buckets` BUCKETS), the warps' counts do not fit, and warp 0 places the chunk alone: ⌈slots / 32⌉
-         dependent rounds (a few hundred cycles each; about 10 ns a slot measured on an H100).
+       - Up to 1,024 buckets (`buckets` one of SIDE_BY_SIDE_BUCKETS: E < 1024), `placers(buckets)` warps (16 up to
+         512 buckets, 8 up to 1,024: their counts are COUNT_WORDS int32s, 32 KiB) place side by side. A chunk is
+         SEGMENT slots a placing warp: each ranks its own segment against counts of its own (a placers × buckets
+         table in shared memory), every thread then sums those counts over the warps below it, bucket by bucket,
+         and every thread places its slots: ⌈SEGMENT / 32⌉ rounds a warp. (`kernels.run_table_buckets` takes this
+         placement from `kernels.RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS` slots: with 16 warps, on an H100, 0.27-0.43 of
+         warp 0's time from 1,024 slots, and 0.1-0.7 µs more up to 128, for the counts zeroed and summed a chunk.)
+       - Past that (`buckets` BUCKETS), the warps' counts do not fit, and warp 0 places each chunk of CHUNK slots
+         alone: ⌈slots / 32⌉ dependent rounds (a few hundred cycles each; about 10 ns a slot measured on an H100).
 
 Steps 1-3 take about (rows · (1 + cap) + slots) / THREADS stores and loads a thread and (E + 1) / 32 a lane. Up to
 BUCKETS - 1 experts (the counts live in shared memory); the caller keeps the torch table past that.
@@ -43,9 +44,10 @@ from cute_kernels.linear_w4a16_experts import ID_DTYPES, RUN_UNUSED, expert_key
 THREADS = 512
 WARPS = THREADS // 32
 BUCKETS = 4096  # E + 1 (the bad ids' bucket) at most
-PARALLEL_BUCKETS = 512  # E + 1 at most for the warps to place side by side (their counts: 32 KiB of shared memory)
-CHUNK = 2048  # slots staged in shared memory at a time
-SEGMENT = CHUNK // WARPS  # a warp's slots of a chunk, where the warps place side by side
+COUNT_WORDS = 8192  # the side-by-side counts, placers × buckets int32s: 32 KiB of shared memory
+SIDE_BY_SIDE_BUCKETS = (512, 1024)  # E + 1 at most for 16 and for 8 warps to place side by side
+CHUNK = 2048  # slots staged in shared memory at a time where warp 0 places alone
+SEGMENT = CHUNK // WARPS  # a placing warp's slots of a chunk, where warps place side by side (a chunk: placers × it)
 RANK_SHIFT = 16  # a staged slot's bucket in the low bits, its rank among its warp's segment above (< SEGMENT)
 
 
@@ -57,9 +59,14 @@ def bucket(mIds: cute.Tensor, j, experts):
 
 
 def buckets_for(experts: int) -> int:
-    """The bucket count for E experts: PARALLEL_BUCKETS (the warps side by side) where their counts fit
-    (E + 1 <= PARALLEL_BUCKETS), else BUCKETS (warp 0 alone)."""
-    return PARALLEL_BUCKETS if experts + 1 <= PARALLEL_BUCKETS else BUCKETS
+    """The bucket count for E experts: the fewest of SIDE_BY_SIDE_BUCKETS that holds E + 1 (the most warps side by
+    side whose counts fit), else BUCKETS (warp 0 alone)."""
+    return next((b for b in SIDE_BY_SIDE_BUCKETS if experts + 1 <= b), BUCKETS)
+
+
+def placers(buckets: int) -> int:
+    """The warps that place a chunk's slots side by side with `buckets` buckets (1: warp 0 alone)."""
+    return COUNT_WORDS // buckets if buckets in SIDE_BY_SIDE_BUCKETS else 1
 
 
 @dataclass(frozen=True)
@@ -68,15 +75,15 @@ class RunTableConfig:
 
     ids: str = "i64"  # the ids' dtype: "i32" or "i64"
     cap: int = MMA_COLUMNS  # slots a run at most (the experts kernel's token tile)
-    buckets: int = BUCKETS  # E + 1 at most: PARALLEL_BUCKETS (the warps place side by side) or BUCKETS (warp 0)
+    buckets: int = BUCKETS  # E + 1 at most: one of SIDE_BY_SIDE_BUCKETS (warps side by side) or BUCKETS (warp 0)
 
     def __post_init__(self):
         if self.ids not in ID_DTYPES:
             raise ValueError(f"ids must be one of {sorted(ID_DTYPES)}, got {self.ids!r}")
         if not 1 <= self.cap <= 32:
             raise ValueError(f"cap must be 1 to 32, got {self.cap}")
-        if self.buckets not in (PARALLEL_BUCKETS, BUCKETS):
-            raise ValueError(f"buckets must be {PARALLEL_BUCKETS} or {BUCKETS}, got {self.buckets}")
+        if self.buckets not in (*SIDE_BY_SIDE_BUCKETS, BUCKETS):
+            raise ValueError(f"buckets must be one of {(*SIDE_BY_SIDE_BUCKETS, BUCKETS)}, got {self.buckets}")
 
 
 class RunTable:
@@ -113,15 +120,17 @@ class RunTable:
         warp, lane = tidx // 32, cute.arch.lane_idx()
         slots, rows = mIds.shape[0], mTable.shape[0]
         buckets = self.cfg.buckets
-        parallel = const_expr(buckets == PARALLEL_BUCKETS)
+        warps = placers(buckets)
+        parallel = const_expr(warps > 1)
+        chunk = warps * SEGMENT if parallel else CHUNK
         smem = SmemAllocator()
         count = smem.allocate_tensor(Int32, cute.make_layout(buckets), 16)  # a bucket's slots (step 4: placed)
         first = smem.allocate_tensor(Int32, cute.make_layout(buckets), 16)  # a bucket's first row
-        keys = smem.allocate_tensor(Int32, cute.make_layout(CHUNK), 16)
+        keys = smem.allocate_tensor(Int32, cute.make_layout(chunk), 16)
         # the side by side placement's counts: a warp's slots of a bucket in its segment, then the rank of its first
         warp_count = None
         if const_expr(parallel):
-            warp_count = smem.allocate_tensor(Int32, cute.make_layout((WARPS, buckets), stride=(buckets, 1)), 16)
+            warp_count = smem.allocate_tensor(Int32, cute.make_layout((warps, buckets), stride=(buckets, 1)), 16)
 
         # 1. the table unused, the counts zero
         i = tidx
@@ -167,10 +176,10 @@ class RunTable:
                 b = b + 1
         cute.arch.sync_threads()
 
-        # 4. the slots in order, CHUNK at a time
+        # 4. the slots in order, a chunk at a time
         base = Int32(0)
         while base < slots:
-            n = cutlass.min(slots - base, Int32(CHUNK))
+            n = cutlass.min(slots - base, Int32(chunk))
             j = tidx
             while j < n:
                 keys[j] = bucket(mIds, base + j, experts)
@@ -178,19 +187,20 @@ class RunTable:
             if const_expr(parallel):
                 b = tidx
                 while b <= experts:
-                    for w in cutlass.range_constexpr(WARPS):
+                    for w in cutlass.range_constexpr(warps):
                         warp_count[w, b] = Int32(0)
                     b = b + THREADS
             cute.arch.sync_threads()
             if const_expr(parallel):
-                # each warp ranks its segment of the chunk among its own slots of each bucket
-                rank_rounds(keys, warp_count, warp, lane, warp * SEGMENT, cutlass.min(n, warp * SEGMENT + SEGMENT))
+                # each placing warp ranks its segment of the chunk among its own slots of each bucket
+                seg = warp * SEGMENT  # warps past the placers have none: their segment starts at or past the chunk
+                rank_rounds(keys, warp_count, warp, lane, seg, cutlass.min(n, seg + SEGMENT))
                 cute.arch.sync_threads()
                 # a bucket's count before each warp's segment, and after the chunk
                 b = tidx
                 while b <= experts:
                     before = count[b]
-                    for w in cutlass.range_constexpr(WARPS):
+                    for w in cutlass.range_constexpr(warps):
                         mine = warp_count[w, b]
                         warp_count[w, b] = before
                         before = before + mine
@@ -207,7 +217,7 @@ class RunTable:
                 if warp == 0:
                     rank_rounds(keys, count, warp, lane, Int32(0), n, mTable, first, base, experts, cap)
             cute.arch.sync_threads()  # keys are restaged
-            base = base + CHUNK
+            base = base + chunk
 
 
 @cute.jit

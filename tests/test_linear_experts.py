@@ -422,36 +422,40 @@ def test_ptx_facts(tmp_path, arch, kw, ids, route):
 
 
 def test_run_table_buckets_for():
-    """The warps place side by side up to PARALLEL_BUCKETS buckets (E + 1, the bad ids' among them), warp 0 alone
-    past that; any other bucket count is refused."""
-    from cute_kernels.run_table import BUCKETS, PARALLEL_BUCKETS, RunTableConfig, buckets_for
+    """16 warps place side by side up to 512 buckets (E + 1, the bad ids' among them), 8 up to 1,024 (their counts
+    the same 32 KiB), warp 0 alone past that; any other bucket count is refused."""
+    from cute_kernels.run_table import BUCKETS, COUNT_WORDS, SEGMENT, RunTableConfig, buckets_for, placers
 
-    assert buckets_for(PARALLEL_BUCKETS - 1) == PARALLEL_BUCKETS
-    assert buckets_for(PARALLEL_BUCKETS) == BUCKETS
-    assert buckets_for(1) == PARALLEL_BUCKETS
-    with pytest.raises(ValueError, match="buckets must be 512 or 4096, got 1000"):
+    assert [buckets_for(e) for e in (1, 511, 512, 1023, 1024, BUCKETS - 1)] == [512, 512, 1024, 1024, BUCKETS, BUCKETS]
+    assert [placers(b) for b in (512, 1024, BUCKETS)] == [16, 8, 1]
+    assert all(placers(b) * b == COUNT_WORDS for b in (512, 1024))
+    # the kernel's shared memory stays within the 48 KiB a CTA has without an opt-in: counts, first rows, a chunk's
+    # keys, the warps' counts (int32 each)
+    assert max(4 * (2 * b + placers(b) * SEGMENT + COUNT_WORDS) for b in (512, 1024)) <= 48 * 1024
+    with pytest.raises(ValueError, match=r"buckets must be one of \(512, 1024, 4096\), got 1000"):
         RunTableConfig(buckets=1000)
 
 
 def test_run_table_buckets_dispatched(monkeypatch):
     """Dispatch places side by side from RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS slots where the counts fit (the measured
-    cut), warp 0 alone below it, past 511 experts, or with the cut None."""
-    from cute_kernels.run_table import BUCKETS, PARALLEL_BUCKETS
+    cut), warp 0 alone below it, past 1,023 experts, or with the cut None."""
+    from cute_kernels.run_table import BUCKETS
     from nvfp4_gemv.linear import kernels
 
     lo = kernels.RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS
     assert lo == 192  # BENCHMARKS.md, "The run table placed side by side, and runs of 16 from 8 slots"
-    assert kernels.run_table_buckets(lo, 128) == PARALLEL_BUCKETS
+    assert kernels.run_table_buckets(lo, 128) == 512
     assert kernels.run_table_buckets(lo - 1, 128) == BUCKETS
-    assert kernels.run_table_buckets(10**5, PARALLEL_BUCKETS - 1) == PARALLEL_BUCKETS
-    assert kernels.run_table_buckets(10**5, PARALLEL_BUCKETS) == BUCKETS
+    assert kernels.run_table_buckets(10**5, 511) == 512
+    assert kernels.run_table_buckets(10**5, 512) == 1024
+    assert kernels.run_table_buckets(10**5, 1024) == BUCKETS
     monkeypatch.setattr(kernels, "RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS", None)
     assert kernels.run_table_buckets(10**5, 8) == BUCKETS
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("ids", ["i32", "i64"])
-@pytest.mark.parametrize("buckets", [512, 4096])
+@pytest.mark.parametrize("buckets", [512, 1024, 4096])
 def test_run_table_kernel_ptx(tmp_path, arch, ids, buckets):
     """The run table's maker counts with integer shared-memory atomics (no global or float atomics), ranks a round
     of 32 slots with match.any and popc, scans the buckets with shuffles, and reads the ids in their own width; the
@@ -462,7 +466,7 @@ def test_run_table_kernel_ptx(tmp_path, arch, ids, buckets):
     ptx = compiled_ptx("run_table", "RunTable", {"ids": ids, "buckets": buckets}, arch, tmp_path)
     assert "atom.shared.add.u32" in ptx and "atom.global" not in ptx and "red.global" not in ptx
     assert "match.any.sync.b32" in ptx and "popc.b32" in ptx and "shfl.sync.up.b32" in ptx
-    assert len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx)) == (7 if buckets == 512 else 5)
+    assert len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx)) == (5 if buckets == 4096 else 7)
     assert ("ld.global.b64" in ptx or "ld.global.u64" in ptx or "ld.global.s64" in ptx) == (ids == "i64")
 
 
@@ -635,13 +639,13 @@ def test_gpu_run_table_kernel_matches_the_torch_table():
     chunk, few and many experts up to the kernel's last, on both sides of the warps placing side by side (runs that
     cross the warps' segments and the chunks among them), each placement where it applies; run_table, the kernel or
     not, the torch table."""
-    from cute_kernels.run_table import BUCKETS, CHUNK, PARALLEL_BUCKETS, RunTable
+    from cute_kernels.run_table import BUCKETS, CHUNK, RunTable, buckets_for
     from nvfp4_gemv.linear import kernels
 
     g = torch.Generator().manual_seed(1)
     cases = [(1, 1), (31, 3), (32, 5), (33, 1), (CHUNK - 1, 7), (CHUNK, 64), (CHUNK + 1, 200), (3 * CHUNK + 17, 128),
-             (600, BUCKETS - 1), (600, BUCKETS), (2 * CHUNK + 5, PARALLEL_BUCKETS - 1), (CHUNK + 40, PARALLEL_BUCKETS),
-             (5000, 2)]
+             (600, BUCKETS - 1), (600, BUCKETS), (2 * CHUNK + 5, 511), (CHUNK + 40, 512), (CHUNK // 2 + 3, 512),
+             (3 * CHUNK + 9, 1023), (700, 1024), (5000, 2)]
     for i, (slots, e) in enumerate(cases):
         ids = torch.randint(-3, e + 3, (slots,), generator=g)
         if i % 3 == 0:  # router-like: few experts named, long runs
@@ -655,7 +659,7 @@ def test_gpu_run_table_kernel_matches_the_torch_table():
                 for cap in (8, 16):  # one token tile a run, or two
                     if RunTable.can_implement(slots, e):
                         want = kernels.run_table_torch(flat.view(shape), e, cap)
-                        for buckets in (PARALLEL_BUCKETS, BUCKETS) if e < PARALLEL_BUCKETS else (BUCKETS,):
+                        for buckets in {buckets_for(e), BUCKETS}:
                             got = kernels.run_table_kernel(dev.reshape(-1), e, cap, buckets)
                             assert torch.equal(got.cpu(), want), (slots, e, dtype, cap, buckets)
                         got = kernels.run_table_kernel(dev.reshape(-1), e, cap)  # as dispatched

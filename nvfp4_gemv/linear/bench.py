@@ -980,25 +980,29 @@ def run_table_ab(shapes=EXPERT_SHAPES, tokens=(1, 8, 16, 32, 64, 128, 256), rout
     return rows
 
 
-def run_table_placement_ab(experts=(8, 32, 128, 256, 511), slots=(32, 256, 1024, 2048, 4096, 16384), csv_path=None,
-                           log=print):
+def run_table_placement_ab(experts=(8, 32, 128, 256, 511, 512, 1023), slots=(32, 256, 1024, 2048, 4096, 16384),
+                           csv_path=None, log=print):
     """µs per call, graph-timed, of the run table from one launch of `cute_kernels.run_table` with the warps placing
-    a chunk's slots side by side (`buckets` PARALLEL_BUCKETS) and with warp 0 placing them alone (`buckets` BUCKETS),
-    on a router's random ids (int64), and whether the two tables are equal. Returns the rows."""
-    from cute_kernels.run_table import BUCKETS, PARALLEL_BUCKETS
+    a chunk's slots side by side (`buckets` run_table.buckets_for(E): 16 warps up to 511 experts, 8 up to 1,023) and
+    with warp 0 placing them alone (`buckets` BUCKETS), on a router's random ids (int64), and whether the two tables
+    are equal. Returns the rows."""
+    from cute_kernels.run_table import BUCKETS, buckets_for, placers
     from nvfp4_gemv.linear import kernels
 
     rows = []
-    log(f"{'E':>4} {'slots':>6} {'side':>7} {'warp0':>7} {'s/w0':>5} {'equal':>5}")
+    log(f"{'E':>4} {'warps':>5} {'slots':>6} {'side':>7} {'warp0':>7} {'s/w0':>5} {'equal':>5}")
     for e in experts:
+        side_buckets = buckets_for(e)
         for n in slots:
             pool = [torch.randint(0, e, (n,), device="cuda") for _ in range(8)]
-            side = B.graph_time_us(lambda ids: kernels.run_table_kernel(ids, e, buckets=PARALLEL_BUCKETS), pool)
+            side = B.graph_time_us(lambda ids: kernels.run_table_kernel(ids, e, buckets=side_buckets), pool)
             alone = B.graph_time_us(lambda ids: kernels.run_table_kernel(ids, e, buckets=BUCKETS), pool)
-            equal = all(torch.equal(kernels.run_table_kernel(ids, e, buckets=PARALLEL_BUCKETS),
+            equal = all(torch.equal(kernels.run_table_kernel(ids, e, buckets=side_buckets),
                                     kernels.run_table_kernel(ids, e, buckets=BUCKETS)) for ids in pool)
-            rows.append(dict(experts=e, slots=n, side_by_side_us=side, warp0_us=alone, equal=equal))
-            log(f"{e:>4} {n:>6} {side:7.2f} {alone:7.2f} {side / alone:5.2f} {str(equal):>5}")
+            rows.append(dict(experts=e, placers=placers(side_buckets), slots=n, side_by_side_us=side, warp0_us=alone,
+                             equal=equal))
+            log(f"{e:>4} {placers(side_buckets):>5} {n:>6} {side:7.2f} {alone:7.2f} {side / alone:5.2f} "
+                f"{str(equal):>5}")
     if csv_path:
         write_csv(rows, csv_path)
     return rows

@@ -911,9 +911,9 @@ def run_table(ids: torch.Tensor, experts: int, cap: int = RUN_SLOTS) -> torch.Te
 RUN_TABLE_KERNEL = True
 
 
-# The run table's slots placed by the CTA's warps side by side where their counts fit (E < 512; run_table.
-# buckets_for) from RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS slots (None: never), rather than by warp 0 alone (about 10 ns a
-# slot past 64 slots). On an H100, graph-timed (docs/run_table_placement_h100.csv; BENCHMARKS.md, "The run table
+# The run table's slots placed by the CTA's warps side by side where their counts fit (16 warps to 511 experts, 8 to
+# 1,023; run_table.buckets_for) from RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS slots (None: never), rather than by warp 0
+# alone (about 10 ns a slot past 64 slots). With 16 warps on an H100, graph-timed (docs/run_table_placement_h100.csv; BENCHMARKS.md, "The run table
 # placed side by side, and runs of 16 from 8 slots"), side by side over warp 0 alone: 1.02-1.19 at 32-128 slots (the
 # 16 warps' counts zeroed and summed a chunk: 0.1-0.7 µs more), 0.91-1.03 at 192, 0.86-0.92 at 256 and 0.27-0.55 from
 # 1,024 (2,048 slots: 4.8-9.7 µs against 13.1-22.7); the tables equal everywhere.
@@ -921,8 +921,8 @@ RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS = 192
 
 
 def run_table_buckets(slots: int, experts: int) -> int:
-    """The run table kernel's bucket count for a call: run_table.PARALLEL_BUCKETS (the warps side by side) from
-    RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS slots where E + 1 buckets fit, else BUCKETS."""
+    """The run table kernel's bucket count for a call: run_table.buckets_for(E) (the most warps side by side whose
+    counts fit E + 1 buckets) from RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS slots, else BUCKETS (warp 0 alone)."""
     side = RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS is not None and slots >= RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS
     return buckets_for(experts) if side else BUCKETS
 
