@@ -22,8 +22,9 @@ One CTA of THREADS threads, four steps with a barrier between:
          SEGMENT slots a placing warp: each ranks its own segment against counts of its own (a placers × buckets
          table in shared memory), every thread then sums those counts over the warps below it, bucket by bucket,
          and every thread places its slots: ⌈SEGMENT / 32⌉ rounds a warp. (`kernels.run_table_buckets` takes this
-         placement from `kernels.RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS` slots: with 16 warps, on an H100, 0.27-0.43 of
-         warp 0's time from 1,024 slots, and 0.1-0.7 µs more up to 128, for the counts zeroed and summed a chunk.)
+         placement from `kernels.RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS` slots: on an H100, 0.27-0.54 of warp 0's time
+         from 1,024 slots with 16 warps and 0.38-0.66 with 8, and 0.1-0.7 µs more up to 128 slots, for the counts
+         zeroed and summed a chunk.)
        - Past that (`buckets` BUCKETS), the warps' counts do not fit, and warp 0 places each chunk of CHUNK slots
          alone: ⌈slots / 32⌉ dependent rounds (a few hundred cycles each; about 10 ns a slot measured on an H100).
 

@@ -913,10 +913,12 @@ RUN_TABLE_KERNEL = True
 
 # The run table's slots placed by the CTA's warps side by side where their counts fit (16 warps to 511 experts, 8 to
 # 1,023; run_table.buckets_for) from RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS slots (None: never), rather than by warp 0
-# alone (about 10 ns a slot past 64 slots). With 16 warps on an H100, graph-timed (docs/run_table_placement_h100.csv; BENCHMARKS.md, "The run table
-# placed side by side, and runs of 16 from 8 slots"), side by side over warp 0 alone: 1.02-1.19 at 32-128 slots (the
-# 16 warps' counts zeroed and summed a chunk: 0.1-0.7 µs more), 0.91-1.03 at 192, 0.86-0.92 at 256 and 0.27-0.55 from
-# 1,024 (2,048 slots: 4.8-9.7 µs against 13.1-22.7); the tables equal everywhere.
+# alone (about 10 ns a slot past 64 slots). With 16 warps on an H100, graph-timed (docs/run_table_placement_h100.csv;
+# BENCHMARKS.md, "The run table placed side by side, and runs of 16 from 8 slots"), side by side over warp 0 alone:
+# 1.02-1.19 at 32-128 slots (the 16 warps' counts zeroed and summed a chunk: 0.1-0.7 µs more), 0.91-1.03 at 192,
+# 0.86-0.92 at 256 and 0.27-0.55 from 1,024 (2,048 slots: 4.8-9.7 µs against 13.1-22.7); with 8 warps at 512 and
+# 1,023 experts 1.09-1.15 at 32 slots, 0.92-0.98 at 256 and 0.38-0.66 from 1,024 (docs/run_table_placement_8_warps_
+# h100.csv); the tables equal everywhere.
 RUN_TABLE_SIDE_BY_SIDE_MIN_SLOTS = 192
 
 
