@@ -1,6 +1,6 @@
 """Shapes that no other file names, drawn at random with fixed seeds (marked `gpu`): the dispatched GEMV on contest and
-full-range data, and the fp4 linear over formats, scale layouts, x dtypes, bias and global scale, against their
-references. Dispatch chooses kernels and splits from (M, K, L) or (M, N, K); these draws land between the shapes it was
+full-range data, the fp4 linear over formats, scale layouts, x dtypes, bias and global scale, and the routed experts
+over expert counts, token counts, top_k and id dtypes, against their references. Dispatch chooses kernels and splits from (M, K, L) or (M, N, K); these draws land between the shapes it was
 fitted on, at token counts, row counts and K that the fixed-shape tests skip.
 
 Other draws: `NVFP4_GEMV_DRAW_SEED=<int>` moves every seed here by that much, and `NVFP4_GEMV_DRAWS=<n>` multiplies
@@ -14,8 +14,11 @@ import pytest
 import torch
 
 from nvfp4_gemv.kernel import custom_kernel
-from nvfp4_gemv.linear import FP4Linear, fp4_linear, quantize_mxfp4, quantize_nvfp4
+from nvfp4_gemv.linear import FP4Linear, fp4_experts_linear, fp4_linear, quantize_mxfp4, quantize_nvfp4
+from nvfp4_gemv.linear.experts import EXPERTS_MAX_TOKENS
 from submission.reference import check, generate_full_range, generate_input, ref_kernel
+from test_linear_experts import _assert_close as _assert_experts_close
+from test_linear_experts import operands as experts_operands
 from test_linear_op import LAYOUTS, _assert_kernel_close, _cuda, module_args, operands
 
 pytestmark = pytest.mark.gpu
@@ -123,3 +126,43 @@ def test_linear_random_quantized(m, n, k, fmt, layout, dtype, seed):
     assert y.shape == (m, n) and y.dtype == dtype
     _assert_kernel_close(y, module_args(layer, x))
     assert torch.equal(y, layer(x)), layer.path(m, dtype)
+
+
+def experts_cases(count: int, seed: int = 20261207):
+    """(E, N, K, T, top_k, format, x dtype, ids dtype, bad ids, seed): E up to 1,023 (both side-by-side tiers of the
+    run table), T to past EXPERTS_MAX_TOKENS (the host's grouping), a router's distinct experts a token; sizes capped
+    so that the CPU reference (every expert dequantized, every slot's row of W in float64) stays small."""
+    rng = random.Random(seed + SEED)
+    cases = []
+    while len(cases) < count:
+        e, n, k = log_uniform(rng, 1, 1023), log_uniform(rng, 1, 3000), 64 * log_uniform(rng, 1, 64)
+        t = rng.choice([1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 24, 33, 64, 100, 200, EXPERTS_MAX_TOKENS + 3])
+        top_k = rng.choice([1, 2, 4, 6, 8, 10])
+        if len(cases) % 3 == 2:  # a third of the draws: many experts and slots, small experts (the run table's range)
+            e, n, t = log_uniform(rng, 200, 1023), log_uniform(rng, 1, 48), rng.choice([24, 33, 64, 100, 200, 256])
+        if e * n * k > 6_000_000 or t * top_k * n * k > 12_000_000:
+            continue
+        cases.append((e, n, k, t, top_k, rng.choice(["nvfp4", "mxfp4"]), rng.choice([torch.bfloat16, torch.float16]),
+                      rng.choice([torch.int32, torch.int64]), rng.random() < 0.3, rng.randrange(1 << 30)))
+    return cases
+
+
+@pytest.mark.parametrize("e,n,k,t,top_k,fmt,dtype,ids_dtype,bad,seed", experts_cases(24 * DRAWS),
+                         ids=lambda v: str(v))
+def test_experts_random_shape(e, n, k, t, top_k, fmt, dtype, ids_dtype, bad, seed):
+    """The dispatched routed call (whichever of one slot a CTA row, the scanned runs or the table's runs it takes)
+    against the reference; with some ids out of range (up to EXPERTS_MAX_TOKENS tokens, where the launch takes
+    them), those slots NaN and the others the same bits."""
+    a = experts_operands(fmt, e, n, k, t, top_k, dtype, ids_dtype, fmt == "nvfp4" and seed % 2 == 0, seed % 3 == 0,
+                         seed=seed % 10000, device="cuda")
+    y = fp4_experts_linear(**a)
+    assert y.shape == (t, top_k, n) and y.dtype == dtype
+    _assert_experts_close(y, a)
+    if bad and t <= EXPERTS_MAX_TOKENS:
+        g = torch.Generator().manual_seed(seed)
+        out = torch.rand(t, top_k, generator=g) < 0.1
+        ids = a["expert_ids"].cpu().clone()
+        ids[out] = torch.where(torch.rand(t, top_k, generator=g) < 0.5, -1, e)[out].to(ids.dtype)
+        yb = fp4_experts_linear(**{**a, "expert_ids": ids.cuda()})
+        out = out.cuda()
+        assert yb[out].isnan().all() and torch.equal(yb[~out], y[~out])
