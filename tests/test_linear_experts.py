@@ -84,6 +84,31 @@ def test_zero_tokens():
     assert fp4_experts_linear(**a).shape == (0, 2, 72)
 
 
+@pytest.mark.parametrize("fmt,n,k", [("mxfp4", 3, 384), ("nvfp4", 3, 64), ("nvfp4", 256, 512)])
+def test_host_grouping_passes_aligned_scales(monkeypatch, fmt, n, k):
+    """Past EXPERTS_MAX_TOKENS each named expert goes through fp4_linear, which takes 16-byte aligned weights and
+    scales. An expert's codes always start aligned; its scales (N·K/16 or N·K/32 bytes an expert) do only for some
+    N, and are copied where not (the codes never are). The result is the reference's."""
+    from nvfp4_gemv.linear import op
+    from nvfp4_gemv.linear.validate import PTR_ALIGN
+
+    a = operands(fmt, e=6, n=n, k=k, t=9, top_k=3, bias=True, global_scale=fmt == "nvfp4")
+    seen = []
+
+    def linear(x, weight, weight_scale, fmt_, global_scale=None, bias=None):
+        assert weight.data_ptr() % PTR_ALIGN == 0 and weight_scale.data_ptr() % PTR_ALIGN == 0
+        assert weight.untyped_storage().data_ptr() == a["weight"].untyped_storage().data_ptr()  # the codes in place
+        seen.append(weight_scale.untyped_storage().data_ptr() == a["weight_scale"].untyped_storage().data_ptr())
+        return linear_reference(x, weight, weight_scale, fmt_, global_scale, bias)
+
+    monkeypatch.setattr(op, "fp4_linear", linear)
+    y = EagerExperts.grouped(*op_args(a))
+    assert_same_sums(y, experts_reference(**a))
+    per_expert = n * k // (16 if fmt == "nvfp4" else 32)
+    named = a["expert_ids"].unique().tolist()
+    assert seen == [(ex * per_expert) % PTR_ALIGN == 0 for ex in sorted(named)]
+
+
 def op_args(a):
     return (a["x"], a["weight"], a["weight_scale"], a["expert_ids"], a["fmt"], a["global_scale"], a["bias"])
 
@@ -573,6 +598,9 @@ def test_gpu_bad_ids_give_nan_rows_only():
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gpu_past_max_tokens_groups_by_expert_on_the_host(fmt):
     t = EXPERTS_MAX_TOKENS + 1
+    # experts whose scales start 16-byte aligned, and experts whose scales do not (N·K/16 or N·K/32 bytes each)
+    _assert_close(fp4_experts_linear(**operands(fmt, e=6, n=3, k=384, t=t, top_k=4, device="cuda")),
+                  operands(fmt, e=6, n=3, k=384, t=t, top_k=4, device="cuda"))
     a = operands(fmt, e=6, n=256, k=512, t=t, top_k=4, device="cuda")
     _assert_close(fp4_experts_linear(**a), a)
     a["expert_ids"][3, 1] = 6

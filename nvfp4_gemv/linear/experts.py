@@ -197,20 +197,30 @@ class EagerExperts:
     def grouped(x, weight, weight_scale, expert_ids, fmt, global_scale, bias):
         """Each expert's tokens through fp4_linear together (the ids read on the host): x's rows gathered once in
         expert order, each expert's run of them a contiguous slice, and the outputs put back in slot order once,
-        so a named expert costs one fp4_linear call and no gather or scatter of its own."""
+        so a named expert costs one fp4_linear call and no gather or scatter of its own.
+
+        An expert's codes start PTR_ALIGN-aligned (N·K/2 bytes an expert, K a multiple of 64), but its scales need
+        not: N·K/16 (NVFP4) or N·K/32 (MXFP4) bytes an expert is a multiple of 16 only for some N. Where expert e's
+        scales are not, fp4_linear gets a copy of them (1/8 or 1/16 of its codes' bytes); the codes are never
+        copied."""
         from nvfp4_gemv.linear.op import fp4_linear
 
         t, top_k = expert_ids.shape
         n = weight.shape[1]
         order, spans = _by_expert(expert_ids, weight.shape[0])
         xs = x[order // top_k]  # x's row of each slot, in expert order
-        parts = [fp4_linear(xs[start:start + count], weight[ex], weight_scale[ex], fmt,
+        parts = [fp4_linear(xs[start:start + count], weight[ex], _aligned_copy(weight_scale[ex]), fmt,
                             None if global_scale is None else global_scale[ex:ex + 1],
                             None if bias is None else bias[ex]) for ex, start, count in spans]
         out = torch.empty(t * top_k, n, dtype=x.dtype, device=x.device)
         if parts:
             out[order] = torch.cat(parts)
         return out.view(t, top_k, n)
+
+
+def _aligned_copy(t: torch.Tensor) -> torch.Tensor:
+    """t itself where its data is PTR_ALIGN-aligned, else a copy that is."""
+    return t if t.data_ptr() % PTR_ALIGN == 0 else t.clone()
 
 
 EAGER = EagerExperts()
