@@ -312,12 +312,17 @@ def test_expert_group_for_follows_the_measured_rule():
 
 
 def test_experts_route(monkeypatch):
-    """From RUNS_MIN_TOKENS tokens the runs from a table, whatever the experts' size (never while it is None), unless
-    the table's rows would pass the grid's y; below it grouped or not by expert_group_for."""
+    """From RUNS_MIN_TOKENS tokens the runs from a table where the slots an expert reach RUNS_MIN_SHARE (never while
+    it is None), unless the table's rows would pass the grid's y; below it grouped or not by expert_group_for."""
     from nvfp4_gemv.linear import kernels
 
     route = kernels.experts_route
     assert kernels.RUNS_MIN_TOKENS == 8  # the measured cut (BENCHMARKS.md, "The run table's kernel and runs of 16")
+    # the measured shares (BENCHMARKS.md, "Routed experts: when the runs pay, by slots an expert")
+    assert kernels.RUNS_MIN_SHARE == (0.25, 0.5)
+    assert route(8, 10, 512, 1024, 2048) == (False, False) and route(16, 10, 512, 1024, 2048) == (False, True)  # 1 MiB
+    assert route(16, 10, 512, 2048, 512) == (False, False) and route(26, 10, 512, 2048, 512) == (False, True)  # 0.5 MB
+    assert route(8, 8, 256, 4096, 7168) == (False, True) and route(7, 8, 256, 4096, 7168) == (False, False)
     assert route(7, 8, 4, 5760, 2880) == (True, False) and route(8, 4, 32, 5760, 2880) == (False, True)
     assert route(7, 8, 128, 2048, 768) == (False, False) and route(8, 8, 128, 2048, 768) == (False, True)
     monkeypatch.setattr(kernels, "RUNS_MIN_TOKENS", 64)
