@@ -216,7 +216,12 @@ class LinearW4A16Experts(LinearW4A16):
             per_cta = self.slots_per_cta(slots, mW.shape[0])
             rows = (slots + per_cta - 1) // per_cta
         main = self.experts_kernel(x_words, w_words, sf, y, mGS, bias, ids, m, n, k, top_k, mW.shape[0])
-        launch(main, self.launch_shape(rows * self.cfg.tokens_per_cta, n), stream)  # a CTA row: one token tile
+        shape = self.launch_shape(rows * self.cfg.tokens_per_cta, n)  # a CTA row: one token tile
+        if const_expr(self.cfg.expert_runs):
+            # Programmatic dependent launch: the grid starts while the run table's one CTA (launched just before, on
+            # the same stream) is still working, and each CTA waits for it before reading the table.
+            shape = dict(shape, use_pdl=True)
+        launch(main, shape, stream)
 
     def slots_per_cta(self, slots, experts):
         """Slots a CTA row takes, y, y + rows, y + 2 rows, ... (rows: the grid's): one without groups; with groups,
@@ -234,6 +239,7 @@ class LinearW4A16Experts(LinearW4A16):
         _, row, _ = cute.arch.block_idx()
         kp = self.cfg.k_parts
         if const_expr(self.cfg.expert_runs):
+            cute.arch.griddepcontrol_wait()  # the table (and what came before it on the stream) is complete
             e = mIds[row, 0]
             if e != Int32(RUN_UNUSED):
                 first = mIds[row, 1]

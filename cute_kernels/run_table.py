@@ -115,6 +115,9 @@ class RunTable:
 
     @cute.kernel
     def kernel(self, mIds: cute.Tensor, mTable: cute.Tensor, experts: Int32):
+        # The routed kernel that reads the table is launched programmatically dependent on this one: it may start now,
+        # and waits (griddepcontrol.wait) until this grid has finished and its stores are visible.
+        cute.arch.griddepcontrol_launch_dependents()
         cap = self.cfg.cap
         width = 1 + cap
         tidx, _, _ = cute.arch.thread_idx()

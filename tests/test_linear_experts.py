@@ -446,6 +446,8 @@ def test_ptx_facts(tmp_path, arch, kw, ids, route):
                        "LinearW4A16Config")
     assert "mma.sync.aligned.m16n8k16" in ptx
     assert ("vote.sync.ballot.b32" in ptx) == (route == "group")
+    # the runs wait for the run table's grid (launched before them, programmatically dependent), and nothing else does
+    assert ("griddepcontrol.wait" in ptx) == route.startswith("runs")
     assert ("ld.global.b64" in ptx or "ld.global.u64" in ptx or "ld.global.s64" in ptx) == (ids == "i64")
     assert "atom.global.add.f32" not in ptx and "red.global.add.f32" not in ptx
     assert re.search(r"selp\.(b16|b32|f32)\s+%\w+, %\w+, (0x7FC0|0x7E00|0f7FC00000|0f7FFFFFFF), %p", ptx)
@@ -497,6 +499,7 @@ def test_run_table_kernel_ptx(tmp_path, arch, ids, buckets):
     assert "atom.shared.add.u32" in ptx and "atom.global" not in ptx and "red.global" not in ptx
     assert "match.any.sync.b32" in ptx and "popc.b32" in ptx and "shfl.sync.up.b32" in ptx
     assert len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx)) == (5 if buckets == 4096 else 7)
+    assert "griddepcontrol.launch_dependents" in ptx  # the routed kernel after it may start at once
     assert ("ld.global.b64" in ptx or "ld.global.u64" in ptx or "ld.global.s64" in ptx) == (ids == "i64")
 
 
