@@ -17,12 +17,11 @@ the slots that name the same expert are grouped there, in runs of up to 8, so it
 once a slot: below RUNS_MIN_TOKENS found by a scan of the ids where `kernels.expert_group_for` says (from two
 tokens, by the slots an expert and the expert's size), from it read from a run table made on the device before the
 launch by one small kernel where the slots an expert reach RUNS_MIN_SHARE (runs of up to 16 from RUN_TILES_MIN_SLOTS
-slots an expert on average). An id outside
-[0, E) gives NaN in its (t, j) row there, since checking it on the host would need a sync. Past EXPERTS_MAX_TOKENS
-tokens (prefill), the ids are read on the host (one sync): each expert's tokens go through `fp4_linear` together, so
-its weight is read once a call, and a bad id raises ValueError. Other devices run the fp32 reference, which raises
-on a bad id as well. Each slot's result is within the same tolerance of the reference as `fp4_linear`'s (the same
-kernel code, with the split `kernels.experts_config` gives the routed grid).
+slots an expert on average). An id outside [0, E) gives NaN in its (t, j) row there, since checking it on the host
+would need a sync. Past EXPERTS_MAX_TOKENS tokens (prefill), the ids are read on the host (one sync): each expert's
+tokens go through `fp4_linear` together, so its weight is read once a call, and a bad id raises ValueError. Other
+devices run the fp32 reference, which raises on a bad id as well. Each slot's result is within the same tolerance of
+the reference as `fp4_linear`'s (the same kernel code, with the split `kernels.experts_config` gives the routed grid).
 """
 
 from __future__ import annotations

@@ -861,12 +861,12 @@ SLOTS_CHUNK = 65535
 RUNS_MIN_TOKENS = 8
 # Slots an expert on average (slots / E) from which the tabled runs are taken, for experts of GROUP_MIN_CODES and more
 # and below it; fewer, and the call takes expert_group_for's route (one slot a CTA row for these). Where few slots share
-# an expert the runs pay the table and an 8-column tile for a slot or two, and a small expert's repeated reads by the
-# one-slot kernel come from L2. Graph-timed on an H100 over eleven MoE shapes of 0.5-15 MB experts at 8-32 tokens with
-# a router's random ids (docs/experts_h100_share.csv, docs/experts_h100_512_experts.csv, docs/experts_h100_b7c68fc.csv;
-# BENCHMARKS.md, "Routed experts: when the runs pay, by slots an expert"), one slot a CTA row over the runs: 1.04-1.52
-# from a quarter of a slot an expert on experts of 1 MiB and more, 0.95-0.96 below it (1 MiB experts, 0.16-0.23 slots an
-# expert); on 0.5-0.8 MB experts 0.84-0.95 below half a slot an expert, 0.99-1.12 from it.
+# an expert the runs save little and pay the run table's kernel (2-4 µs a call: the MMA is 8 columns wide on either
+# path), and a small expert's repeated reads by the one-slot kernel come from L2. Graph-timed on an H100 over eleven
+# MoE shapes of 0.5-14 MiB experts at 8-32 tokens with a router's random ids (docs/experts_h100_share.csv,
+# docs/experts_h100_b7c68fc.csv; BENCHMARKS.md, "Routed experts: when the runs pay, by slots an expert"), one slot a
+# CTA row over the runs: on experts of 1 MiB and more 0.95-0.96 below a quarter of a slot an expert, 1.01-2.07 from
+# it; on 0.5-0.75 MiB experts 0.85-0.94 below half a slot an expert, 0.98-1.74 from it.
 RUNS_MIN_SHARE = (0.25, 0.5)
 RUN_SLOTS = MMA_COLUMNS  # slots of one token tile of a run, the MMA's columns (a run is one tile or two: run_tiles_for)
 # Slots an expert on average (slots / E) from which a tabled run is two token tiles (16 slots, a CTA row), so an
