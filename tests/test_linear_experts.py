@@ -323,6 +323,10 @@ def test_experts_route(monkeypatch):
     assert route(8, 10, 512, 1024, 2048) == (False, False) and route(16, 10, 512, 1024, 2048) == (False, True)  # 1 MiB
     assert route(16, 10, 512, 2048, 512) == (False, False) and route(26, 10, 512, 2048, 512) == (False, True)  # 0.5 MB
     assert route(8, 8, 256, 4096, 7168) == (False, True) and route(7, 8, 256, 4096, 7168) == (False, False)
+    # from RUNS_ANY_SHARE_CODES (4 MiB) at any share: 384 experts of 14 MiB, 64 slots (a sixth of a slot an expert)
+    assert kernels.RUNS_ANY_SHARE_CODES == 4 << 20
+    assert route(8, 8, 384, 4096, 7168) == (False, True) and route(8, 8, 1024, 4096, 2048) == (False, True)
+    assert route(8, 8, 1024, 4096, 2040) == (False, False)  # just under 4 MiB: a quarter of a slot an expert
     assert route(7, 8, 4, 5760, 2880) == (True, False) and route(8, 4, 32, 5760, 2880) == (False, True)
     assert route(7, 8, 128, 2048, 768) == (False, False) and route(8, 8, 128, 2048, 768) == (False, True)
     monkeypatch.setattr(kernels, "RUNS_MIN_TOKENS", 64)

@@ -859,15 +859,20 @@ SLOTS_CHUNK = 65535
 # below the cut: 1.31 at 1 token, 1.20 at 2, 1.06 at 4, 0.95 at 8 (0.91-1.03), 0.85 at 16 (0.78-0.90), 0.72 at 32; with
 # ids that name distinct experts round the E (no sharing), 1.03 at 8 (0.94-1.15).
 RUNS_MIN_TOKENS = 8
-# Slots an expert on average (slots / E) from which the tabled runs are taken, for experts of GROUP_MIN_CODES and more
-# and below it; fewer, and the call takes expert_group_for's route (one slot a CTA row for these). Where few slots share
-# an expert the runs save little and pay the run table's kernel (2-4 µs a call: the MMA is 8 columns wide on either
-# path), and a small expert's repeated reads by the one-slot kernel come from L2. Graph-timed on an H100 over eleven
-# MoE shapes of 0.5-14 MiB experts at 8-32 tokens with a router's random ids (docs/experts_h100_share.csv,
-# docs/experts_h100_b7c68fc.csv; BENCHMARKS.md, "Routed experts: when the runs pay, by slots an expert"), one slot a
-# CTA row over the runs: on experts of 1 MiB and more 0.95-0.96 below a quarter of a slot an expert, 1.01-2.07 from
-# it; on 0.5-0.75 MiB experts 0.85-0.94 below half a slot an expert, 0.98-1.74 from it.
+# Slots an expert on average (slots / E) from which the tabled runs are taken, for experts of GROUP_MIN_CODES up to
+# RUNS_ANY_SHARE_CODES and for smaller ones; fewer, and the call takes expert_group_for's route (one slot a CTA row
+# for these). Where few slots share an expert the runs save little and pay the run table's kernel (2-4 µs a call: the
+# MMA is 8 columns wide on either path), and a small expert's repeated reads by the one-slot kernel come from L2.
+# Graph-timed on an H100 over eleven MoE shapes of 0.5-14 MiB experts at 8-32 tokens with a router's random ids
+# (docs/experts_h100_share.csv, docs/experts_h100_b7c68fc.csv; BENCHMARKS.md, "Routed experts: when the runs pay, by
+# slots an expert"), one slot a CTA row over the runs: on experts of 1 MiB and more 0.95-0.96 below a quarter of a slot
+# an expert (1 MiB experts), 1.01-2.07 from it; on 0.5-0.75 MiB experts 0.85-0.94 below half a slot an expert,
+# 0.98-1.74 from it. From RUNS_ANY_SHARE_CODES the runs are taken at any share, as before the rule: a random router's
+# repeated experts are then several MiB each, read again from DRAM by the one-slot kernel (a 384-expert top-8 call of
+# 8 tokens repeats about 5 of its 64 slots), against the table's few µs. No point below a quarter of a slot an expert
+# was measured there with a random router; with ids that share nothing the runs cost 1.03 (RUNS_MIN_TOKENS's note).
 RUNS_MIN_SHARE = (0.25, 0.5)
+RUNS_ANY_SHARE_CODES = 4 << 20
 RUN_SLOTS = MMA_COLUMNS  # slots of one token tile of a run, the MMA's columns (a run is one tile or two: run_tiles_for)
 # Slots an expert on average (slots / E) from which a tabled run is two token tiles (16 slots, a CTA row), so an
 # expert with more than 8 slots is read once a 16 of them; None: never. A run of two tiles whose second holds no slot
@@ -885,10 +890,12 @@ def run_tiles_for(slots: int, experts: int) -> int:
 
 def experts_route(tokens: int, top_k: int, experts: int, n: int, k: int) -> tuple[bool, bool]:
     """(expert_group, expert_runs) of a routed call: from RUNS_MIN_TOKENS tokens the runs from a table where the
-    slots an expert reach RUNS_MIN_SHARE (by the experts' size) and the table's rows fit the grid; else the slots
-    that share an expert grouped by a scan where expert_group_for says, or one slot a CTA row."""
+    slots an expert reach RUNS_MIN_SHARE (by the experts' size; any share from RUNS_ANY_SHARE_CODES) and the table's
+    rows fit the grid; else the slots that share an expert grouped by a scan where expert_group_for says, or one
+    slot a CTA row."""
     slots = tokens * top_k
-    share = RUNS_MIN_SHARE[0 if n * k // 2 >= GROUP_MIN_CODES else 1]
+    codes = n * k // 2
+    share = 0 if codes >= RUNS_ANY_SHARE_CODES else RUNS_MIN_SHARE[0 if codes >= GROUP_MIN_CODES else 1]
     if (RUNS_MIN_TOKENS is not None and tokens >= RUNS_MIN_TOKENS and slots >= share * experts
             and run_table_rows(slots, experts) <= SLOTS_CHUNK):
         return False, True
