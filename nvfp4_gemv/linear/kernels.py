@@ -851,10 +851,10 @@ def describe_experts(tokens: int, top_k: int, experts: int, n: int, k: int, fmt:
 # (token, expert) slots is launched in chunks of whole tokens.
 SLOTS_CHUNK = 65535
 # Tokens from which a routed call takes its runs from a table made on the device (expert_runs), where the slots an
-# expert reach RUNS_MIN_SHARE, instead of the scan or one slot a CTA row. With the table from the torch ops the cut
-# was 64 (H200, docs/experts_h200_runs.csv; BENCHMARKS.md, "The run table on the H200": the ops cost 45-52 µs a
-# call). With the table from one kernel (RUN_TABLE_KERNEL; 2.6-3.2 µs a call up to 64 slots), graph-timed on an H100 over the bench's
-# six MoE shapes with a router's random ids (docs/run_table_ab_h100.csv, docs/run_table_ab_small_h100.csv;
+# expert reach RUNS_MIN_SHARE, instead of the scan or one slot a CTA row. With the table from the torch ops the cut was
+# 64 (H200, docs/experts_h200_runs.csv; BENCHMARKS.md, "The run table on the H200": the ops cost 45-52 µs a call). With
+# the table from one kernel (RUN_TABLE_KERNEL; 2.6-3.2 µs a call up to 64 slots), graph-timed on an H100 over the
+# bench's six MoE shapes with a router's random ids (docs/run_table_ab_h100.csv, docs/run_table_ab_small_h100.csv;
 # BENCHMARKS.md, "The run table's kernel and runs of 16"), the tabled runs took, of the time of the kernel dispatched
 # below the cut: 1.31 at 1 token, 1.20 at 2, 1.06 at 4, 0.95 at 8 (0.91-1.03), 0.85 at 16 (0.78-0.90), 0.72 at 32; with
 # ids that name distinct experts round the E (no sharing), 1.03 at 8 (0.94-1.15).
