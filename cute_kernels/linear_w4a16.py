@@ -94,8 +94,7 @@ class LinearW4A16Config:
     # before a redo (zero_blocks_check); on a vote a step (fp16), where the vote fails (fold_fits)
     w_l2_prefetch: int = 0  # 0, 64, 128 or 256: W's loads with `.L2::<n>B` (the L2 fetches that much on a miss)
     w_l2_ahead: int = 0  # R > 0: each K-loop pass asks the L2 for the CTA's W of the pass R ahead (bulk prefetches, a
-    # row's bytes of a pass in one, the rows shared out over the warps), and plain scales are asked for whole at the
-    # start (the CTA's rows are one range); one CTA per rows, no cluster, no experts
+    # row's bytes of a pass in one, the rows shared out over the warps); one CTA per rows, no cluster, no experts
     experts: str = ""  # LinearW4A16Experts: "i32" or "i64", the expert ids' dtype (a CTA row a (token, expert) slot)
     expert_group: bool = False  # with experts: the slots that share an expert in runs of up to a token tile, each run
     # in the CTA row of its first slot (found by a warp's scan of the ids), so the expert is read once a run instead
@@ -785,8 +784,6 @@ class LinearW4A16:
         # in flight), a per-thread cp.async ring of W in shared memory, a producer warp's bulk-copy ring, and L2
         # prefetches a few steps ahead were all slower on the H200: the loop's issue slots and the warps that stay
         # resident decide, not bytes in flight (BENCHMARKS.md, "The W4A16 linear").
-        if const_expr(cfg.w_l2_ahead and cfg.sf_kind == "plain"):
-            self.prefetch_scales(sf, bidx, n, k)
         args = (x_words, w_words, sf, rows, toks, c, kq, k_lanes, part, n_full, my_steps, k)
         if const_expr(cfg.mx_fold_redo):
             # MXFP4: every step on the scale fold, keeping the largest distance of a scale above the fold's least; if
@@ -897,22 +894,6 @@ class LinearW4A16:
             addr = w_words.iterator.toint() + Int64(cutlass.min(first_row + i, n - 1)) * Int64(k // 2)
             rows.append((addr, None if (j + 1) * warps <= cfg.rows_per_cta else i < cfg.rows_per_cta))
         return rows
-
-    @cute.jit
-    def prefetch_scales(self, sf, bidx, n, k):
-        """w_l2_ahead with plain scales: warp 0 asks the L2 for the CTA's rows of scales, one range (1/8 of W's bytes
-        for NVFP4, 1/16 for MXFP4; a whole wave's fits the L2), from its 16-byte boundary to the next one, not past
-        the tensor's last."""
-        cfg = self.cfg
-        warp = cute.arch.make_warp_uniform(cute.arch.thread_idx()[0] // 32)
-        if warp == 0:
-            row_bytes = k // (SF_VEC if cfg.fmt == "nvfp4" else MX_VEC)
-            first = bidx * cfg.rows_per_cta
-            start = (Int64(first) * Int64(row_bytes)) & Int64(-16)
-            end = cutlass.min(((Int64(cutlass.min(first + cfg.rows_per_cta, n)) * Int64(row_bytes)) + Int64(15))
-                              & Int64(-16), (Int64(n) * Int64(row_bytes)) & Int64(-16))
-            if end > start:
-                bulk_prefetch_l2(sf.iterator.toint() + start, Int32(end - start))
 
     @cute.jit
     def prefetch_pass(self, rows, p, k):
