@@ -53,7 +53,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 
 from cute_kernels.compile import REGISTER_FILE, SmemAllocator, cap_registers, launch, load_atom
 from cute_kernels.decode import e4m3x2_to_f16x2
-from cute_kernels.ptx import asm_u32, bulk_prefetch_l2, cluster_sync, inline_ptx, ld_shared_cluster_f32
+from cute_kernels.ptx import asm_u32, cluster_sync, inline_ptx, ld_shared_cluster_f32
 from layouts.constants import SF_VEC
 from layouts.sf_cute import sf_layout_by_col
 
@@ -93,8 +93,6 @@ class LinearW4A16Config:
     # are all zero (an amax rule's 2^-127 for a zero block): on the whole-K fold (bf16), a pass over the warp's scales
     # before a redo (zero_blocks_check); on a vote a step (fp16), where the vote fails (fold_fits)
     w_l2_prefetch: int = 0  # 0, 64, 128 or 256: W's loads with `.L2::<n>B` (the L2 fetches that much on a miss)
-    w_l2_ahead: int = 0  # R > 0: each K-loop pass asks the L2 for the CTA's W of the pass R ahead (bulk prefetches, a
-    # row's bytes of a pass in one, the rows shared out over the warps); one CTA per rows, no cluster, no experts
     experts: str = ""  # LinearW4A16Experts: "i32" or "i64", the expert ids' dtype (a CTA row a (token, expert) slot)
     expert_group: bool = False  # with experts: the slots that share an expert in runs of up to a token tile, each run
     # in the CTA row of its first slot (found by a warp's scan of the ids), so the expert is read once a run instead
@@ -143,10 +141,6 @@ class LinearW4A16Config:
             raise ValueError(f"mx_fold_redo is a way of taking the scale fold (mx_fold), got {self}")
         if self.w_l2_prefetch not in (0, 64, 128, 256):
             raise ValueError(f"w_l2_prefetch must be 0, 64, 128 or 256, got {self.w_l2_prefetch}")
-        if self.w_l2_ahead and (not 0 < self.w_l2_ahead <= 8 or self.k_splits > 1 or self.experts
-                                or self.block_columns):
-            raise ValueError(f"w_l2_ahead must be 0 or 1..8 passes, without a cluster, experts or block columns, got "
-                             f"{self}")
         if self.block_columns and self.x_fragments:
             raise ValueError("block_columns prepares x its own way; x_fragments is for the default kernel")
         if self.m_major and self.k_splits > 1:
@@ -852,13 +846,7 @@ class LinearW4A16:
         fold = mode == "fold"
         _, _, least, most = mx_fold_window(cfg.mma_dtype, True)
         worst = Uint32(0)
-        ahead = cfg.w_l2_ahead
-        ahead_rows = self.prefetch_rows(w_words, k) if ahead else None
-        for j in cutlass.range_constexpr(1, ahead):
-            self.prefetch_pass(ahead_rows, first + j, k)
         for st in cutlass.range(first, my_steps, unroll=cfg.unroll):
-            if const_expr(ahead):
-                self.prefetch_pass(ahead_rows, st + ahead, k)
             step_regs = self.make_regs()
             self.load_step(step_regs, x_words, w_words, sf, (kq + st * k_lanes) * kp + part, rows, toks, c, True)
             self.compute_step(step_regs, accs, fold)
@@ -878,36 +866,6 @@ class LinearW4A16:
                 if const_expr(fold):
                     worst = self.scale_distance(worst, regs, least)
         return worst > Uint32(most - least)
-
-    def prefetch_rows(self, w_words, k):
-        """w_l2_ahead: the first byte of each W row this warp prefetches (the CTA's rows dealt out over its warps, a
-        row past N taken as the last), as (address, None) or, for a row some warps lack, (address, whether this warp
-        has it)."""
-        cfg = self.cfg
-        warps = cfg.row_warps * cfg.k_warps
-        n = cute.size(w_words, mode=[0])
-        warp = cute.arch.make_warp_uniform(cute.arch.thread_idx()[0] // 32)
-        first_row = self.coordinates()[0] * cfg.rows_per_cta
-        rows = []
-        for j in range((cfg.rows_per_cta + warps - 1) // warps):
-            i = warp + j * warps
-            addr = w_words.iterator.toint() + Int64(cutlass.min(first_row + i, n - 1)) * Int64(k // 2)
-            rows.append((addr, None if (j + 1) * warps <= cfg.rows_per_cta else i < cfg.rows_per_cta))
-        return rows
-
-    @cute.jit
-    def prefetch_pass(self, rows, p, k):
-        """w_l2_ahead: the L2 fetches this warp's rows (prefetch_rows) of K-loop pass p (each warp's p-th step: a
-        row's k_warps·k_parts steps, contiguous), one bulk prefetch a row; a pass that ends past K is left out."""
-        cfg = self.cfg
-        pass_bytes = (STEP_K // 2) * cfg.k_warps * cfg.k_parts
-        off = p * pass_bytes
-        if off + pass_bytes <= k // 2:
-            for addr, has in rows:
-                if const_expr(has is None):
-                    bulk_prefetch_l2(addr + Int64(off), pass_bytes)
-                elif has:
-                    bulk_prefetch_l2(addr + Int64(off), pass_bytes)
 
     @cute.jit
     def zero_blocks_check(self, args):

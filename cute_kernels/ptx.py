@@ -1,6 +1,6 @@
 """Inline PTX from CuTe DSL code: one helper for every `asm` statement the kernels use."""
 
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Float32, Int32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cutlass_dsl import T, dsl_user_op
 
@@ -72,14 +72,4 @@ def st_relaxed_gpu_b32(ptr, value, *, loc=None, ip=None) -> None:
     """`st.relaxed.gpu.global.b32` of `value` (32 bits) at `ptr` (an LLVM global pointer)."""
     operands = [ptr, Int32(value).ir_value(loc=loc, ip=ip)]
     inline_ptx(None, operands, "st.relaxed.gpu.global.b32 [$0], $1;", "l,r,~{memory}", side_effects=True, loc=loc,
-               ip=ip)
-
-
-@dsl_user_op
-def bulk_prefetch_l2(addr, size, *, loc=None, ip=None) -> None:
-    """`cp.async.bulk.prefetch.L2.global`: the L2 fetches `size` bytes (a multiple of 16) from the 16-byte aligned
-    global address `addr` (an Int64), through the copy engine, not the L1's load pipe, and no register waits on it.
-    With a warp-uniform address it is one instruction a warp."""
-    operands = [Int64(addr).ir_value(loc=loc, ip=ip), Int32(size).ir_value(loc=loc, ip=ip)]
-    inline_ptx(None, operands, "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r", side_effects=True, loc=loc,
                ip=ip)

@@ -33,8 +33,6 @@ PTX_CASES = [
     dict(fmt="mxfp4", x_dtype="fp16", k_parts=4, token_tiles=2, groups=2, k_warps=4, mx_fold=True),
     dict(fmt="nvfp4", x_dtype="bf16", w_l2_prefetch=128),
     dict(fmt="mxfp4", x_dtype="fp16", mx_fold=True, w_l2_prefetch=256),
-    dict(fmt="nvfp4", x_dtype="bf16", w_l2_prefetch=128, w_l2_ahead=2),
-    dict(fmt="mxfp4", x_dtype="bf16", mx_fold=True, mx_fold_redo=True, groups=2, k_warps=3, w_l2_ahead=1),
 ]
 
 
@@ -79,8 +77,6 @@ def test_ptx_facts(ptx, kw, arch):
     hint = f".L2::{cfg.w_l2_prefetch}B" if cfg.w_l2_prefetch else ""
     assert f"ld.global.L1::no_allocate{hint}.v4" in text
     assert text.count(".L2::") == (text.count("ld.global.L1::no_allocate") if hint else 0)
-    # w_l2_ahead: the CTA's W of a later K-loop pass asked of the L2 by bulk prefetches, and nothing else prefetched.
-    assert (text.count("cp.async.bulk.prefetch.L2.global") > 0) == bool(cfg.w_l2_ahead)
     # A register cap reaches ptxas as the minimum CTAs per SM.
     if cfg.max_registers:
         assert f".minnctapersm {cfg.min_ctas_per_sm()}" in text
@@ -1131,27 +1127,6 @@ def test_two_accumulator_sets(fmt, layout, dtype):
     one = _run(xi, w, unit.cuda(), fmt, layout, k_warps=4)
     two = _run(xi, w, unit.cuda(), fmt, layout, k_warps=4, acc_sets=2)
     assert torch.equal(one.view(torch.int16), two.view(torch.int16))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt,layout", LAYOUTS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
-@pytest.mark.parametrize("k", [2880 + 64, 8192, 64])
-def test_w_l2_ahead(fmt, layout, dtype, k):
-    """w_l2_ahead (the CTA's W bulk-prefetched into the L2 passes ahead) against the reference with one, two and four
-    passes ahead, K parts, groups, row-warps, odd N (the last CTA's rows past N), a partial last pass and K below one
-    step, x in fragment order and MXFP4's fold; and the same bits as without it (a prefetch changes no value)."""
-    n = 203
-    w, scale, plain, gs, bias = _cuda_operands(n, k, fmt, layout, dtype)
-    for m, cfg in [(1, dict(w_l2_ahead=1)), (2, dict(w_l2_ahead=2, k_parts=2, k_warps=4)),
-                   (4, dict(w_l2_ahead=4, groups=2, k_warps=3)), (5, dict(w_l2_ahead=2, row_warps=2, k_warps=4)),
-                   (3, dict(w_l2_ahead=2, x_fragments=True, k_warps=16)),
-                   (16, dict(w_l2_ahead=2, token_tiles=2, groups=2, k_warps=2))]:
-        x = torch.randn(m, k).to(dtype).cuda()
-        y = _run(x, w, scale, fmt, layout, gs, bias, **cfg)
-        _check(y, x, w, plain, fmt, gs, bias)
-        without = _run(x, w, scale, fmt, layout, gs, bias, **dict(cfg, w_l2_ahead=0))
-        assert torch.equal(y.view(torch.int16), without.view(torch.int16))
 
 
 ANY_K_WARPS = [

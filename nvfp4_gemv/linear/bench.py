@@ -173,7 +173,7 @@ def _ab_fields(cfg) -> dict:
     """A config's split as an override of every field the launcher chooses (so config_for keeps it as it is)."""
     return {f: getattr(cfg, f) for f in ("groups", "k_warps", "max_registers", "k_splits", "k_parts", "token_tiles",
                                          "x_fragments", "block_columns", "acc_sets", "m_major", "mx_fold",
-                                         "mx_fold_redo", "w_l2_prefetch", "w_l2_ahead")}
+                                         "mx_fold_redo", "w_l2_prefetch")}
 
 
 def _general_of(cfg) -> dict:
@@ -572,35 +572,6 @@ def w_l2_prefetch_ab(size=128, shapes=SHAPES, tokens=(1, 4, 8, 16), formats=FORM
     return _rule_ab(shapes, tokens, formats, (torch.bfloat16,), rounds, pair, csv_path, log)
 
 
-def w_l2_ahead_ab(ahead=(1, 2, 4), shapes=SHAPES, tokens=(1, 4, 8, 16), formats=FORMATS, rounds=2, csv_path=None,
-                  log=print):
-    """µs per call of the dispatched split as it is and with the CTA's W bulk-prefetched into the L2 each of `ahead`
-    K-loop passes ahead (`w_l2_ahead`), alternately `rounds` times, the best of each, bf16 x; with the read of the
-    same bytes. Points whose split takes a cluster or block columns (no prefetch there) are skipped."""
-    from nvfp4_gemv.linear import kernels
-
-    rows = []
-    for n, k in shapes:
-        for fmt in formats:
-            read = None
-            for m in tokens:
-                cfg = kernels.config_for(m, n, k, fmt, "plain", "bf16", False, fmt == "nvfp4")
-                if cfg.k_splits > 1 or cfg.block_columns:
-                    continue
-                if read is None:
-                    read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt)))
-                variants = {"base": _ab_fields(cfg), **{f"ahead{a}": dict(_ab_fields(cfg), w_l2_ahead=a)
-                                                       for a in ahead}}
-                times = _best_of(n, k, m, fmt, torch.bfloat16, variants, rounds)
-                row = dict(n=n, k=k, m=m, fmt=fmt, config=_label(cfg), read_us=round(read, 3),
-                           **{f"{v}_us": round(t, 3) for v, t in times.items()},
-                           **{f"{v}_over_base": round(t / times["base"], 4) for v, t in times.items() if v != "base"})
-                _logged(rows, log, row)
-    if csv_path:
-        write_csv(rows, csv_path)
-    return rows
-
-
 HELD_OUT_SEED = 1207  # none of the rules' A/B runs drew from it (they used 1205)
 
 
@@ -777,8 +748,6 @@ AB_RUNS = {
     "k_parts_many": ("four and eight K parts a row against the dispatched config, 1, 2 and 4 tokens",
                      k_parts_many_sweep),
     "w_l2_prefetch": ("W's loads with .L2::128B against without, 1-16 tokens", w_l2_prefetch_ab),
-    "w_l2_ahead": ("the CTA's W bulk-prefetched into the L2 1, 2 and 4 K-loop passes ahead against not, 1-16 tokens",
-                   w_l2_ahead_ab),
     "register_partitions": ("splits chosen with the register file's sub-partitions counted (kernels.resident_ctas) "
                             "against the whole file (dispatch.ctas_per_sm), 1-16 tokens, bf16 and fp16 x, the bench "
                             "shapes and 40 drawn ones",
