@@ -310,6 +310,17 @@ def test_bad_input_names_the_tensor(case, changes, name):
                                   a["scale_layout"])
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_cpu_path_checks_a_tensor_scales_value(value):
+    """A NaN or infinite global scale tensor on the CPU path (the reference) raises, as a float one does everywhere:
+    reading a CPU scalar costs nothing. (On CUDA a tensor scale's value is checked where FP4Linear or a loader takes
+    it, not per call: reading it would synchronize.)"""
+    a = operands()[0]
+    with pytest.raises(ValueError, match=r"^global_scale: expected a finite value"):
+        fp4_linear(**{**a, "global_scale": torch.tensor([value])})
+    fp4_linear(**{**a, "global_scale": torch.tensor([0.25])})  # a finite tensor scale runs
+
+
 @pytest.mark.parametrize("case,key,name", ALIGN, ids=[c[0] for c in ALIGN])
 def test_misaligned_weights(case, key, name):
     """16-byte alignment is the kernels' requirement: checked on the kernel path and by validate_linear on CUDA

@@ -11,7 +11,8 @@ pointers' alignment, allocates y and launches. A python-float global_scale reach
 fp32 device tensor (a first call with a new value copies it to the device, so warm up before capturing a CUDA graph);
 under torch.compile it becomes a 1-element tensor in the graph, one graph for every value the compiler makes symbolic,
 and is not checked for NaN or infinity there (a tensor scale, as FP4Linear and the loaders hold, is checked when they
-are built). Other devices run the reference, a float kept as a float.
+are built). Other devices run the reference, a float kept as a float; called eagerly on the CPU, a tensor scale's
+value is checked there per call too (reading a CPU scalar costs nothing).
 
 Gradients: the op has an autograd formula for x, bias and a tensor global scale (`_backward`: W dequantized by the
 reference in row chunks, fp32 sums), so a frozen fp4 layer can sit under trained adapters, in eager mode and under
@@ -30,7 +31,7 @@ import torch
 
 from nvfp4_gemv.linear.formats import ACTIVATION_DTYPES, format_of
 from nvfp4_gemv.linear.reference import dequantize, linear_reference
-from nvfp4_gemv.linear.validate import PTR_ALIGN, check_global_scale, validate_linear
+from nvfp4_gemv.linear.validate import PTR_ALIGN, check_global_scale, check_global_scale_value, validate_linear
 
 OP_NAME = "nvfp4_gemv::fp4_linear"
 __all__ = ["OP_NAME", "EagerLinear", "fp4_linear", "fp4_linear_op"]
@@ -246,4 +247,6 @@ def fp4_linear(x, weight, weight_scale, fmt="nvfp4", global_scale=None, bias=Non
                 global_scale = EAGER.scale_tensor(float(global_scale), x.device)
             return torch.ops.nvfp4_gemv.fp4_linear(x, weight, weight_scale, fmt, scale_layout, global_scale, bias)
         return EAGER(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
+    if isinstance(global_scale, torch.Tensor) and global_scale.device.type == "cpu" and global_scale.numel() == 1:
+        check_global_scale_value(global_scale)  # free here; a CUDA scalar would synchronize, so the module checks it
     return linear_reference(x, weight, weight_scale, fmt, global_scale, bias, scale_layout)
