@@ -93,6 +93,8 @@ class LinearW4A16Config:
     # are all zero (an amax rule's 2^-127 for a zero block): on the whole-K fold (bf16), a pass over the warp's scales
     # before a redo (zero_blocks_check); on a vote a step (fp16), where the vote fails (fold_fits)
     w_l2_prefetch: int = 0  # 0, 64, 128 or 256: W's loads with `.L2::<n>B` (the L2 fetches that much on a miss)
+    shifts_on_fma: bool = False  # the decode's right shifts as `mul.hi.u32` (IMAD.HI, the FMA pipe) instead of SHF
+    # (the ALU pipe, which the decode's masks keep busy); the same bits (decode_word)
     experts: str = ""  # LinearW4A16Experts: "i32" or "i64", the expert ids' dtype (a CTA row a (token, expert) slot)
     expert_group: bool = False  # with experts: the slots that share an expert in runs of up to a token tile, each run
     # in the CTA row of its first slot (found by a warp's scan of the ids), so the expert is read once a run instead
@@ -317,7 +319,13 @@ def e4m3x2_half_to_f16x2(word, half: int, *, loc=None, ip=None) -> Uint32:
     )
 
 
-def decode_word(q, dtype: str):
+@dsl_user_op
+def mul_hi(a, b: int, *, loc=None, ip=None) -> Uint32:
+    """`mul.hi.u32`: the high 32 bits of a · b (a right shift when b is a power of two, on the FMA pipe)."""
+    return asm_u32([a, Uint32(b)], "mul.hi.u32 $0, $1, $2;", "=r,r,r", loc, ip)
+
+
+def decode_word(q, dtype: str, shifts_on_fma: bool = False):
     """The 8 codes of word q (code i in bits 4i..4i+3) as four placed pairs, in PAIRS[dtype] order.
 
     bf16: pair (i, i+4) shares a 16-bit-apart nibble position, so one mask keeps both, one multiply by
@@ -325,11 +333,17 @@ def decode_word(q, dtype: str):
     the wanted bits: LOP3, IMAD, LOP3. The value is code · 2^-126 (0 and ±0.5 are subnormal; HMUL2.BF16 keeps them).
     f16: every code byte-aligned as an e4m3 byte (sign to bit 7, (e1 e0 m) to bits 4-2: an e4m3 of value
     code · 2^-6, subnormals included), two bytes at a time through `cvt.rn.f16x2.e4m3x2`: 7 integer ops and 4
-    F2FP a word."""
+    F2FP a word. With shifts_on_fma, the one right shift of each (bf16's q >> 8, f16's q >> 2) is a `mul.hi.u32` by
+    2^24 or 2^30: ptxas keeps it as IMAD.HI, which issues to the FMA pipe instead of the ALU's (ptxas already makes
+    the left shifts IMAD.SHL)."""
     q = Uint32(q)
+
+    def right(n):
+        return mul_hi(q, 1 << (32 - n)) if shifts_on_fma else q >> n
+
     if dtype == "bf16":
         out = []
-        hi = q >> 8
+        hi = right(8)
         for i in range(4):
             src = q if i < 2 else hi
             b = 4 * (i % 2)
@@ -337,7 +351,7 @@ def decode_word(q, dtype: str):
             out.append((x * Uint32((1 << (6 - b)) + (1 << (12 - b)))) & Uint32(0x81C081C0))
         return out
     even = ((q << 4) & Uint32(0x80808080)) | ((q << 2) & Uint32(0x1C1C1C1C))  # codes 0, 2, 4, 6
-    odd = (q & Uint32(0x80808080)) | ((q >> 2) & Uint32(0x1C1C1C1C))  # codes 1, 3, 5, 7
+    odd = (q & Uint32(0x80808080)) | (right(2) & Uint32(0x1C1C1C1C))  # codes 1, 3, 5, 7
     return [
         e4m3x2_half_to_f16x2(even, 0),
         e4m3x2_half_to_f16x2(odd, 0),
@@ -718,7 +732,7 @@ class LinearW4A16:
             else:
                 sc = [scale_multipliers(cfg.fmt, dt, rS[h, g]) for h in range(2)]  # sc[half][word // 2]
             for w in cutlass.range_constexpr(4):
-                dec = [decode_word(rW[w, h, g], dt) for h in range(2)]
+                dec = [decode_word(rW[w, h, g], dt, cfg.shifts_on_fma) for h in range(2)]
                 if const_expr(fold):
                     dec = [[mul_x2(v, sc[h], dt) for v in dec[h]] for h in range(2)]
                 elif const_expr(general and dt == "fp16"):  # f16-placed codes as bf16 codes, then the scale

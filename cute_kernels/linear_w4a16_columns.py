@@ -228,7 +228,7 @@ class LinearW4A16Columns(LinearW4A16):
         for g in cutlass.range_constexpr(cfg.groups):
             d = [[Float32(0.0)] * 4 for _ in range(sets)]
             for w in cutlass.range_constexpr(4):
-                dec = [decode_word(rW[w, h, g], "fp16") for h in range(2)]
+                dec = [decode_word(rW[w, h, g], "fp16", cfg.shifts_on_fma) for h in range(2)]
                 for jj in cutlass.range_constexpr(2):
                     a = (dec[0][2 * jj], dec[1][2 * jj], dec[0][2 * jj + 1], dec[1][2 * jj + 1])
                     b = (rX[4 * w + 2 * jj], rX[4 * w + 2 * jj + 1])

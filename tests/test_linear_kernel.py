@@ -33,6 +33,8 @@ PTX_CASES = [
     dict(fmt="mxfp4", x_dtype="fp16", k_parts=4, token_tiles=2, groups=2, k_warps=4, mx_fold=True),
     dict(fmt="nvfp4", x_dtype="bf16", w_l2_prefetch=128),
     dict(fmt="mxfp4", x_dtype="fp16", mx_fold=True, w_l2_prefetch=256),
+    dict(fmt="nvfp4", x_dtype="bf16", shifts_on_fma=True),
+    dict(fmt="nvfp4", x_dtype="fp16", shifts_on_fma=True),
 ]
 
 
@@ -77,6 +79,8 @@ def test_ptx_facts(ptx, kw, arch):
     hint = f".L2::{cfg.w_l2_prefetch}B" if cfg.w_l2_prefetch else ""
     assert f"ld.global.L1::no_allocate{hint}.v4" in text
     assert text.count(".L2::") == (text.count("ld.global.L1::no_allocate") if hint else 0)
+    # The decode's right shifts: mul.hi by a power of two where shifts_on_fma asks, shr.u32 otherwise.
+    assert ("mul.hi.u32" in text) == cfg.shifts_on_fma
     # A register cap reaches ptxas as the minimum CTAs per SM.
     if cfg.max_registers:
         assert f".minnctapersm {cfg.min_ctas_per_sm()}" in text

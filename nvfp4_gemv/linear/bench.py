@@ -173,7 +173,7 @@ def _ab_fields(cfg) -> dict:
     """A config's split as an override of every field the launcher chooses (so config_for keeps it as it is)."""
     return {f: getattr(cfg, f) for f in ("groups", "k_warps", "max_registers", "k_splits", "k_parts", "token_tiles",
                                          "x_fragments", "block_columns", "acc_sets", "m_major", "mx_fold",
-                                         "mx_fold_redo", "w_l2_prefetch")}
+                                         "mx_fold_redo", "w_l2_prefetch", "shifts_on_fma")}
 
 
 def _general_of(cfg) -> dict:
@@ -572,6 +572,18 @@ def w_l2_prefetch_ab(size=128, shapes=SHAPES, tokens=(1, 4, 8, 16), formats=FORM
     return _rule_ab(shapes, tokens, formats, (torch.bfloat16,), rounds, pair, csv_path, log)
 
 
+def shifts_on_fma_ab(shapes=SHAPES, tokens=(1, 4, 16), formats=FORMATS, dtypes=(torch.bfloat16, torch.float16),
+                     rounds=2, csv_path=None, log=print):
+    """µs per call of the dispatched split with the decode's right shifts on the ALU (SHF, before) and on the FMA
+    pipe (`mul.hi`, IMAD.HI; now), alternately `rounds` times, the best of each; with the read of the same bytes."""
+    import dataclasses
+
+    def pair(m, n, k, fmt, xd, dispatched):
+        return tuple(dataclasses.replace(dispatched, shifts_on_fma=on) for on in (False, True))
+
+    return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log)
+
+
 HELD_OUT_SEED = 1207  # none of the rules' A/B runs drew from it (they used 1205)
 
 
@@ -748,6 +760,8 @@ AB_RUNS = {
     "k_parts_many": ("four and eight K parts a row against the dispatched config, 1, 2 and 4 tokens",
                      k_parts_many_sweep),
     "w_l2_prefetch": ("W's loads with .L2::128B against without, 1-16 tokens", w_l2_prefetch_ab),
+    "shifts_on_fma": ("the decode's right shifts as mul.hi (IMAD.HI, FMA pipe) against SHF (ALU pipe), 1, 4 and 16 "
+                      "tokens, bf16 and fp16 x", shifts_on_fma_ab),
     "register_partitions": ("splits chosen with the register file's sub-partitions counted (kernels.resident_ctas) "
                             "against the whole file (dispatch.ctas_per_sm), 1-16 tokens, bf16 and fp16 x, the bench "
                             "shapes and 40 drawn ones",
