@@ -94,7 +94,8 @@ class LinearW4A16Config:
     # before a redo (zero_blocks_check); on a vote a step (fp16), where the vote fails (fold_fits)
     w_l2_prefetch: int = 0  # 0, 64, 128 or 256: W's loads with `.L2::<n>B` (the L2 fetches that much on a miss)
     shifts_on_fma: bool = False  # the decode's right shifts as `mul.hi.u32` (IMAD.HI, the FMA pipe) instead of SHF
-    # (the ALU pipe, which the decode's masks keep busy); the same bits (decode_word)
+    # (the ALU pipe, which the decode's masks keep busy); the same bits (decode_word). 1-2 % slower on an H100 at 1,
+    # 4 and 16 tokens (BENCHMARKS.md), so no dispatched config sets it; kept for `nvfp4-gemv ab shifts_on_fma`
     experts: str = ""  # LinearW4A16Experts: "i32" or "i64", the expert ids' dtype (a CTA row a (token, expert) slot)
     expert_group: bool = False  # with experts: the slots that share an expert in runs of up to a token tile, each run
     # in the CTA row of its first slot (found by a warp's scan of the ids), so the expert is read once a run instead

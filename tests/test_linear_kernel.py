@@ -79,7 +79,7 @@ def test_ptx_facts(ptx, kw, arch):
     hint = f".L2::{cfg.w_l2_prefetch}B" if cfg.w_l2_prefetch else ""
     assert f"ld.global.L1::no_allocate{hint}.v4" in text
     assert text.count(".L2::") == (text.count("ld.global.L1::no_allocate") if hint else 0)
-    # The decode's right shifts: mul.hi by a power of two where shifts_on_fma asks, shr.u32 otherwise.
+    # The decode's right shifts as mul.hi by a power of two where shifts_on_fma asks; nothing else uses mul.hi.
     assert ("mul.hi.u32" in text) == cfg.shifts_on_fma
     # A register cap reaches ptxas as the minimum CTAs per SM.
     if cfg.max_registers:
