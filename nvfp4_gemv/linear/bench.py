@@ -559,29 +559,29 @@ def k_parts_many_sweep(shapes=SHAPES, formats=("nvfp4",), csv_path=None, log=pri
     return rows
 
 
+def _field_ab(field: str, before, now, shapes, tokens, formats, dtypes, rounds, csv_path, log):
+    """`_rule_ab` of the dispatched split with one config field at `before` and at `now`."""
+    import dataclasses
+
+    def pair(m, n, k, fmt, xd, dispatched):
+        return tuple(dataclasses.replace(dispatched, **{field: v}) for v in (before, now))
+
+    return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log)
+
+
 def w_l2_prefetch_ab(size=128, shapes=SHAPES, tokens=(1, 4, 8, 16), formats=FORMATS, rounds=2, csv_path=None,
                      log=print):
     """µs per call of the dispatched split with W's loads plain (before) and `.L2::<size>B` (now), alternately
     `rounds` times, the best of each, bf16 x; with the read of the same bytes: the data behind
     `kernels.W_L2_PREFETCH`."""
-    import dataclasses
-
-    def pair(m, n, k, fmt, xd, dispatched):
-        return (dataclasses.replace(dispatched, w_l2_prefetch=0), dataclasses.replace(dispatched, w_l2_prefetch=size))
-
-    return _rule_ab(shapes, tokens, formats, (torch.bfloat16,), rounds, pair, csv_path, log)
+    return _field_ab("w_l2_prefetch", 0, size, shapes, tokens, formats, (torch.bfloat16,), rounds, csv_path, log)
 
 
 def shifts_on_fma_ab(shapes=SHAPES, tokens=(1, 4, 16), formats=FORMATS, dtypes=(torch.bfloat16, torch.float16),
                      rounds=2, csv_path=None, log=print):
     """µs per call of the dispatched split with the decode's right shifts on the ALU (SHF, before) and on the FMA
     pipe (`mul.hi`, IMAD.HI; now), alternately `rounds` times, the best of each; with the read of the same bytes."""
-    import dataclasses
-
-    def pair(m, n, k, fmt, xd, dispatched):
-        return tuple(dataclasses.replace(dispatched, shifts_on_fma=on) for on in (False, True))
-
-    return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log)
+    return _field_ab("shifts_on_fma", False, True, shapes, tokens, formats, dtypes, rounds, csv_path, log)
 
 
 HELD_OUT_SEED = 1207  # none of the rules' A/B runs drew from it (they used 1205)
