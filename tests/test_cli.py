@@ -375,6 +375,38 @@ def test_ab_runs_build_their_configs(monkeypatch):
     assert any(c.block_columns for c in built) and any(not c.mx_fold and c.fmt == "mxfp4" for c in built)
 
 
+def _ncu_csv(launches: list[tuple[str, str, str]]) -> str:
+    """ncu's `--csv` details output: its log lines, then one quoted row a (launch, metric)."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    out.write("==PROF== Connected to process 1\n==PROF== Profiling \"kernel\": 0%....100% - 9 passes\n")
+    w = csv.writer(out, quoting=csv.QUOTE_ALL)
+    w.writerow(["ID", "Process ID", "Process Name", "Host Name", "Kernel Name", "Context", "Stream", "Block Size",
+                "Grid Size", "Device", "CC", "Section Name", "Metric Name", "Metric Unit", "Metric Value"])
+    for i, (time_ns, regs, issue) in enumerate(launches):
+        for name, unit, value in (("gpu__time_duration.sum", "nsecond", time_ns),
+                                  ("launch__registers_per_thread", "register/thread", regs),
+                                  ("smsp__issue_active.avg.pct_of_peak_sustained_active", "%", issue)):
+            w.writerow([str(i), "1", "python3", "127.0.0.1", "kernel_cutlass_kernel_x", "1", "7", "(256, 1, 1)",
+                        "(132, 1, 1)", "0", "9.0", "Command line profiler metrics", name, unit, value])
+    return out.getvalue()
+
+
+def test_ncu_table_keeps_each_points_last_launch():
+    """The linear's ncu table: one row a point from the last of its launches, ncu's thousands separators read, the
+    duration in µs, short names; a profile with a launch missing is an error, not a shifted table."""
+    from nvfp4_gemv.linear import bench
+
+    launches = [("45,000", "62", "60.5"), ("43,168", "62", "61.25"), ("9,000", "72", "40"), ("6,900", "72", "49")]
+    rows = bench.ncu_table(_ncu_csv(launches), ["a", "b"], log=lambda *a: None)
+    assert rows == [dict(point="a", us=pytest.approx(43.168), regs=62.0, **{"issue %": 61.25}),
+                    dict(point="b", us=pytest.approx(6.9), regs=72.0, **{"issue %": 49.0})]
+    with pytest.raises(ValueError, match="profiled 3 launches; 2 points make 2 each"):
+        bench.ncu_table(_ncu_csv(launches[:3]), ["a", "b"])
+
+
 def test_sweep_columns_name_their_timer():
     from nvfp4_gemv import bench
 

@@ -840,6 +840,85 @@ def host_table(n=4096, k=4096, m=1, log=print) -> dict:
     return out
 
 
+# ncu's view of the dispatched kernel: where a call's time goes. `ncu_launches` makes the launches, ncu measures
+# them (`NCU_COMMAND`), and `ncu_table` reads ncu's CSV back as one row a point.
+NCU_POINTS = tuple((n, k, m, fmt) for n, k in ((8192, 28672), (4096, 14336), (4096, 4096)) for m in (1, 4, 8, 16)
+                   for fmt in FORMATS)
+NCU_TIME = "gpu__time_duration.sum"
+NCU_TO_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+NCU_METRICS = {
+    NCU_TIME: "us",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram %",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue %",
+    "smsp__warps_active.avg.per_cycle_active": "warps",
+    "smsp__warps_eligible.avg.per_cycle_active": "eligible",
+    "l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_active": "lsu %",
+    "sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active": "alu %",
+    "sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active": "fma %",
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": "tensor %",
+    "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio": "long sb",
+    "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio": "short sb",
+    "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio": "pipe thr",
+    "smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio": "lg thr",
+    "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio": "mio thr",
+    "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": "barrier",
+    "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio": "wait",
+    "smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio": "not sel",
+    "smsp__inst_executed.sum": "inst",
+    "launch__registers_per_thread": "regs",
+    "launch__grid_size": "grid",
+    "launch__block_size": "block",
+}
+NCU_KERNEL = "regex:^kernel_cutlass_kernel_cute_kernelslinear_w4a16"  # the main kernel (not x's first pass)
+NCU_COMMAND = ("ncu --clock-control none --kernel-name " + NCU_KERNEL + " --csv --log-file ncu.csv --metrics "
+               + ",".join(NCU_METRICS) + " python -c 'from nvfp4_gemv.linear import bench as LB; LB.ncu_launches()'"
+               + " > ncu_points.txt")  # then ncu_table(open("ncu.csv").read(), open("ncu_points.txt").read().split("\n"))
+NCU_REPEATS = 2  # launches a point; the table keeps the last (code and constants warm, the L2 cold)
+
+
+def ncu_launches(points=NCU_POINTS, dtype=torch.bfloat16, log=print) -> list[str]:
+    """For ncu (`NCU_COMMAND`): the dispatched op at each (N, K, M, format) NCU_REPEATS times, each call after a
+    1 GiB write that leaves none of W in the L2, in the order given. Logs and returns each point's label (shape,
+    tokens, format, config) in that order, which `ncu_table` pairs with the profiled launches."""
+    from nvfp4_gemv.linear import fp4_linear, kernels
+
+    flush = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    labels = []
+    for n, k, m, fmt in points:
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        w, sf = random_weights(n, k, fmt)
+        gs = 0.5 if fmt == "nvfp4" else None
+        cfg = kernels.config_for(m, n, k, fmt, "plain", kernels._X_DTYPES[dtype], False, gs is not None,
+                                 kernels.sm_count(torch.cuda.current_device()))
+        for _ in range(NCU_REPEATS):
+            flush.fill_(1)
+            fp4_linear(x, w, sf, fmt, gs)
+        torch.cuda.synchronize()
+        labels.append(f"{n}x{k} M={m} {fmt} ({_label(cfg)})")
+        log(labels[-1])
+    return labels
+
+
+def ncu_table(csv_text: str, labels: list[str], log=print) -> list[dict]:
+    """ncu's `--csv` output of `NCU_COMMAND` as one row a point: the last of its NCU_REPEATS launches, every metric
+    in NCU_METRICS under its short name. Raises if ncu profiled another number of launches than the points made."""
+    lines = csv_text[csv_text.find('"ID"'):].splitlines()
+    launches: dict[str, dict] = {}
+    for r in csv.DictReader(lines):
+        value = r["Metric Value"].replace(",", "")
+        if value.replace(".", "", 1).isdigit():
+            value = float(value) * (NCU_TO_US.get(r["Metric Unit"], 1.0) if r["Metric Name"] == NCU_TIME else 1.0)
+        launches.setdefault(r["ID"], {})[NCU_METRICS.get(r["Metric Name"], r["Metric Name"])] = value
+    if len(launches) != NCU_REPEATS * len(labels):
+        raise ValueError(f"ncu profiled {len(launches)} launches; {len(labels)} points make {NCU_REPEATS} each")
+    order = sorted(launches, key=int)
+    rows = []
+    for i, label in enumerate(labels):
+        rows.append(row := dict(point=label, **launches[order[NCU_REPEATS * i + NCU_REPEATS - 1]]))
+        log("  ".join(f"{key} {val:.3g}" if isinstance(val, float) else f"{key} {val}" for key, val in row.items()))
+    return rows
+
+
 def _time(factory):
     try:
         fn, pool = factory()
