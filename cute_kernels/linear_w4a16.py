@@ -96,6 +96,9 @@ class LinearW4A16Config:
     shifts_on_fma: bool = False  # the decode's right shifts as `mul.hi.u32` (IMAD.HI, the FMA pipe) instead of SHF
     # (the ALU pipe, which the decode's masks keep busy); the same bits (decode_word). 1-2 % slower on an H100 at 1,
     # 4 and 16 tokens (BENCHMARKS.md), so no dispatched config sets it; kept for `nvfp4-gemv ab shifts_on_fma`
+    pdl: bool = False  # the default kernel launched programmatically dependent on the stream's previous grid: its
+    # CTAs may start while that grid drains and wait (griddepcontrol.wait) before their first global load, and it
+    # lets the next such grid start once every CTA is past its K loop. Not yet timed (nvfp4-gemv ab pdl), so off
     experts: str = ""  # LinearW4A16Experts: "i32" or "i64", the expert ids' dtype (a CTA row a (token, expert) slot)
     expert_group: bool = False  # with experts: the slots that share an expert in runs of up to a token tile, each run
     # in the CTA row of its first slot (found by a warp's scan of the ids), so the expert is read once a run instead
@@ -146,6 +149,9 @@ class LinearW4A16Config:
             raise ValueError(f"w_l2_prefetch must be 0, 64, 128 or 256, got {self.w_l2_prefetch}")
         if self.block_columns and self.x_fragments:
             raise ValueError("block_columns prepares x its own way; x_fragments is for the default kernel")
+        if self.pdl and (self.experts or self.block_columns or self.x_fragments):
+            raise ValueError(f"pdl is for the default kernel (one launch a call, no experts, block columns or x in "
+                             f"fragment order, whose launches order themselves), got {self}")
         if self.m_major and self.k_splits > 1:
             raise ValueError(f"m_major takes no cluster (k_splits = 1), got {self}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248
@@ -589,6 +595,8 @@ class LinearW4A16:
         if const_expr(cfg.m_major):
             grid = [m_tiles, n_tiles, 1]
         shape = dict(grid=grid, block=[cfg.threads, 1, 1])
+        if const_expr(cfg.pdl):
+            shape["use_pdl"] = True
         if const_expr(cfg.k_splits > 1):
             shape["cluster"] = [cfg.k_splits, 1, 1]  # consecutive CTAs: one row tile, K split over them
         if const_expr(cfg.max_registers > 0):
@@ -784,10 +792,11 @@ class LinearW4A16:
         acc = accs[0]
         n_full = k // cfg.step_k
         my_steps = (n_full - kq + k_lanes - 1) // k_lanes
-        if const_expr(cfg.x_fragments):
+        if const_expr(cfg.x_fragments or cfg.pdl):
             # x in fragment order comes from this call's x pass (LinearW4A16Fragments), launched just before. An L2
             # prefetch of the first step's W and scales here made the call 1-2 us slower on the H200, not faster
-            # (BENCHMARKS.md, "x in fragment order").
+            # (BENCHMARKS.md, "x in fragment order"). With pdl, any operand (W and its scales included) may come
+            # from the grid before, and y may be read by it: nothing global is read or written before this wait.
             cute.arch.griddepcontrol_wait()
         # Loads go straight to registers, one step at a time. A second register buffer (loads of the next step
         # in flight), a per-thread cp.async ring of W in shared memory, a producer warp's bulk-copy ring, and L2
@@ -842,6 +851,8 @@ class LinearW4A16:
         if const_expr(cfg.acc_sets == 2):
             for i in cutlass.range_constexpr(4 * cfg.groups * cfg.token_tiles):
                 acc[i] = acc[i] + accs[1][i]
+        if const_expr(cfg.pdl):
+            cute.arch.griddepcontrol_launch_dependents()  # the next grid may launch once every CTA is here
 
         out = (mGS, row0, r, c, bidy, mY, mBias, m, n)
         if const_expr(route is not None):

@@ -35,6 +35,8 @@ PTX_CASES = [
     dict(fmt="mxfp4", x_dtype="fp16", mx_fold=True, w_l2_prefetch=256),
     dict(fmt="nvfp4", x_dtype="bf16", shifts_on_fma=True),
     dict(fmt="nvfp4", x_dtype="fp16", shifts_on_fma=True),
+    dict(fmt="nvfp4", x_dtype="bf16", pdl=True, global_scale=True, bias=True),
+    dict(fmt="mxfp4", x_dtype="fp16", mx_fold=True, mx_fold_redo=True, pdl=True, k_splits=2),
 ]
 
 
@@ -81,6 +83,13 @@ def test_ptx_facts(ptx, kw, arch):
     assert text.count(".L2::") == (text.count("ld.global.L1::no_allocate") if hint else 0)
     # The decode's right shifts as mul.hi by a power of two where shifts_on_fma asks; nothing else uses mul.hi.
     assert ("mul.hi.u32" in text) == cfg.shifts_on_fma
+    # pdl: one wait before the first global load (every operand may come from the grid before) and one signal that
+    # the next grid may launch; none without it.
+    assert text.count("griddepcontrol.wait") == int(cfg.pdl)
+    assert text.count("griddepcontrol.launch_dependents") == int(cfg.pdl)
+    if cfg.pdl:
+        assert text.index("griddepcontrol.wait") < text.index("ld.global")
+        assert text.index("griddepcontrol.launch_dependents") < text.index("st.global")
     # A register cap reaches ptxas as the minimum CTAs per SM.
     if cfg.max_registers:
         assert f".minnctapersm {cfg.min_ctas_per_sm()}" in text
@@ -101,6 +110,18 @@ def test_ptx_facts(ptx, kw, arch):
     # Deterministic: no float atomics anywhere.
     for line in text.splitlines():
         assert not (line.strip().startswith(("atom.", "red.")) and ".f32" in line), line
+
+
+def test_pdl_is_a_launch_attribute_of_the_default_kernel_only():
+    """pdl asks the launch for programmatic dependence (and the kernel waits: test_ptx_facts); the kernels that launch
+    two grids a call or read routes refuse it."""
+    from cute_kernels.linear_w4a16 import LinearW4A16, LinearW4A16Config
+
+    assert LinearW4A16(LinearW4A16Config(pdl=True)).launch_shape(4, 4096).get("use_pdl") is True
+    assert "use_pdl" not in LinearW4A16(LinearW4A16Config()).launch_shape(4, 4096)
+    for other in (dict(x_fragments=True), dict(block_columns=True), dict(experts="i32")):
+        with pytest.raises(ValueError, match="pdl is for the default kernel"):
+            LinearW4A16Config(pdl=True, **other)
 
 
 @pytest.mark.parametrize("token_tiles", [1, 2])
@@ -910,6 +931,44 @@ def test_past_the_grid_limit_on_the_gpu():
     y = _run(x, w, scale, "mxfp4", "plain")
     _check(y, x, w, plain, "mxfp4")
     assert torch.equal(y[kernels.M_CHUNK:], _run(x[kernels.M_CHUNK:], w, scale, "mxfp4", "plain"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt,layout", LAYOUTS)
+@pytest.mark.parametrize("m,n,k,override", [(1, 4096, 4096, {}), (16, 520, 2880, dict(token_tiles=2)),
+                                            (4, 256, 4160, dict(k_parts=2)), (8, 384, 4096, dict(k_splits=2)),
+                                            (3, 200, 7168, dict(groups=2, k_warps=4, acc_sets=2))], ids=str)
+def test_pdl_waits_for_the_grid_before(fmt, layout, m, n, k, override):
+    """The default kernel launched programmatically dependent (pdl) gives the same bits as a plain launch, and, in a
+    CUDA graph whose kernels just before it write x, W, its scales, the global scale and the bias (and read y), it
+    reads what they wrote: its wait comes before every global load and store."""
+    dtype = torch.bfloat16
+    w, scale, plain, gs, bias = _cuda_operands(n, k, fmt, layout, dtype)
+    x = torch.randn(m, k).to(dtype).cuda()
+    kw = dict(fmt=fmt, layout=layout, gs=gs, bias=bias, **override)
+    y = _run(x, w, scale, **kw)
+    _check(y, x, w, plain, fmt, gs, bias)
+    assert torch.equal(_run(x, w, scale, pdl=True, **kw), y)
+    w2, scale2, plain2 = (t.cuda() for t in _operands(n, k, fmt, layout, seed=1))  # other codes and scales
+    x2, bias2 = torch.randn(m, k).to(dtype).cuda(), torch.randn(n).to(dtype).cuda()
+    gs2 = None if gs is None else torch.tensor([0.81], device="cuda")
+    srcs = dict(x=x2, w=w2, scale=scale2, gs=gs2, bias=bias2)
+    dsts = dict(x=x.clone(), w=w.clone(), scale=scale.clone(), gs=None if gs is None else gs.clone(), bias=bias.clone())
+    out = torch.full_like(y, 7.0)
+    seen = torch.empty_like(y)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        seen.copy_(out)  # y's old values, read by the grid before
+        for name, dst in dsts.items():
+            if dst is not None:
+                dst.copy_(srcs[name])
+        kernels.run(out, dsts["x"], dsts["w"].view(torch.uint8), dsts["scale"].view(torch.uint8), fmt, layout,
+                    dsts["gs"], dsts["bias"], pdl=True, **override)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert (seen == 7.0).all()
+    _check(out, x2, w2, plain2, fmt, gs2, bias2)
+    assert torch.equal(out, _run(x2, w2, scale2, fmt=fmt, layout=layout, gs=gs2, bias=bias2, **override))
 
 
 @pytest.mark.gpu

@@ -173,7 +173,7 @@ def _ab_fields(cfg) -> dict:
     """A config's split as an override of every field the launcher chooses (so config_for keeps it as it is)."""
     return {f: getattr(cfg, f) for f in ("groups", "k_warps", "max_registers", "k_splits", "k_parts", "token_tiles",
                                          "x_fragments", "block_columns", "acc_sets", "m_major", "mx_fold",
-                                         "mx_fold_redo", "w_l2_prefetch", "shifts_on_fma")}
+                                         "mx_fold_redo", "w_l2_prefetch", "shifts_on_fma", "pdl")}
 
 
 def _general_of(cfg) -> dict:
@@ -559,11 +559,14 @@ def k_parts_many_sweep(shapes=SHAPES, formats=("nvfp4",), csv_path=None, log=pri
     return rows
 
 
-def _field_ab(field: str, before, now, shapes, tokens, formats, dtypes, rounds, csv_path, log):
-    """`_rule_ab` of the dispatched split with one config field at `before` and at `now`."""
+def _field_ab(field: str, before, now, shapes, tokens, formats, dtypes, rounds, csv_path, log, applies=None):
+    """`_rule_ab` of the dispatched split with one config field at `before` and at `now`; where `applies(dispatched)`
+    is false, the point is skipped."""
     import dataclasses
 
     def pair(m, n, k, fmt, xd, dispatched):
+        if applies is not None and not applies(dispatched):
+            return None
         return tuple(dataclasses.replace(dispatched, **{field: v}) for v in (before, now))
 
     return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log)
@@ -582,6 +585,16 @@ def shifts_on_fma_ab(shapes=SHAPES, tokens=(1, 4, 16), formats=FORMATS, dtypes=(
     """µs per call of the dispatched split with the decode's right shifts on the ALU (SHF, before) and on the FMA
     pipe (`mul.hi`, IMAD.HI; now), alternately `rounds` times, the best of each; with the read of the same bytes."""
     return _field_ab("shifts_on_fma", False, True, shapes, tokens, formats, dtypes, rounds, csv_path, log)
+
+
+def pdl_ab(shapes=SHAPES, tokens=(1, 2, 4, 8, 16), formats=FORMATS, rounds=2, csv_path=None, log=print):
+    """µs per call of the dispatched split launched plainly (before) and programmatically dependent on the grid
+    before it (`pdl`, now: its CTAs start while that grid drains, and wait before their first load), alternately
+    `rounds` times, the best of each, bf16 x; with the read of the same bytes. The graph timer's calls follow each
+    other, as a model's layers do. Points whose dispatched kernel launches two grids a call (x in fragment order,
+    block columns) are skipped."""
+    return _field_ab("pdl", False, True, shapes, tokens, formats, (torch.bfloat16,), rounds, csv_path, log,
+                     applies=lambda cfg: not (cfg.x_fragments or cfg.block_columns))
 
 
 HELD_OUT_SEED = 1207  # none of the rules' A/B runs drew from it (they used 1205)
@@ -709,6 +722,8 @@ def chunk_bytes_sweep(shapes=MANY_TOKENS_SHAPES, tokens=(128, 256, 512), chunk_m
 # that check a rule the launcher took name the BENCHMARKS.md section that records them.
 AB_RUNS = {
     "k_warps": ("any number of k-warps (widen_k_warps) against powers of two", k_warps_ab),
+    "pdl": ("the default kernel launched programmatically dependent on the call before it, against a plain launch",
+            pdl_ab),
     "x_fragments": ("x in fragment order forced on and off at the launcher's split", x_fragments_ab),
     "x_fragments_few": ("at 1-2 tokens, x in fragment order with one and with two K parts a row",
                         lambda **kw: x_fragments_ab(tokens=(1, 2), more={"parts2": dict(k_parts=2, x_fragments=True)},
@@ -870,9 +885,10 @@ NCU_METRICS = {
     "launch__block_size": "block",
 }
 NCU_KERNEL = "regex:^kernel_cutlass_kernel_cute_kernelslinear_w4a16"  # the main kernel (not x's first pass)
+# Then: ncu_table(open("ncu.csv").read(), [s.strip() for s in open("ncu_points.txt") if " M=" in s]).
 NCU_COMMAND = ("ncu --clock-control none --kernel-name " + NCU_KERNEL + " --csv --log-file ncu.csv --metrics "
                + ",".join(NCU_METRICS) + " python -c 'from nvfp4_gemv.linear import bench as LB; LB.ncu_launches()'"
-               + " > ncu_points.txt")  # then ncu_table(open("ncu.csv").read(), open("ncu_points.txt").read().split("\n"))
+               + " > ncu_points.txt")
 NCU_REPEATS = 2  # launches a point; the table keeps the last (code and constants warm, the L2 cold)
 
 
