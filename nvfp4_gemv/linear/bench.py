@@ -860,7 +860,7 @@ def host_table(n=4096, k=4096, m=1, log=print) -> dict:
 NCU_POINTS = tuple((n, k, m, fmt) for n, k in ((8192, 28672), (4096, 14336), (4096, 4096)) for m in (1, 4, 8, 16)
                    for fmt in FORMATS)
 NCU_TIME = "gpu__time_duration.sum"
-NCU_TO_US = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+NCU_TO_US = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}  # ncu's duration units
 NCU_METRICS = {
     NCU_TIME: "us",
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram %",
@@ -930,7 +930,8 @@ def ncu_table(csv_text: str, labels: list[str], log=print) -> list[dict]:
     order = sorted(launches, key=int)
     rows = []
     for i, label in enumerate(labels):
-        rows.append(row := dict(point=label, **launches[order[NCU_REPEATS * i + NCU_REPEATS - 1]]))
+        row = dict(point=label, **launches[order[NCU_REPEATS * i + NCU_REPEATS - 1]])
+        rows.append(row)
         log("  ".join(f"{key} {val:.3g}" if isinstance(val, float) else f"{key} {val}" for key, val in row.items()))
     return rows
 
