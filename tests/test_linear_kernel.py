@@ -939,9 +939,12 @@ def test_past_the_grid_limit_on_the_gpu():
                                             (4, 256, 4160, dict(k_parts=2)), (8, 384, 4096, dict(k_splits=2)),
                                             (3, 200, 7168, dict(groups=2, k_warps=4, acc_sets=2))], ids=str)
 def test_pdl_waits_for_the_grid_before(fmt, layout, m, n, k, override):
-    """The default kernel launched programmatically dependent (pdl) gives the same bits as a plain launch, and, in a
-    CUDA graph whose kernels just before it write x, W, its scales, the global scale and the bias (and read y), it
-    reads what they wrote: its wait comes before every global load and store."""
+    """The default kernel launched programmatically dependent (pdl) gives the same bits as a plain launch. In a CUDA
+    graph, with the grid just before it writing x, W, its scales, the global scale or the bias (each in turn, the
+    others written earlier), or reading y, it reads what was written and leaves y for the reader: its wait comes
+    before every global load and store."""
+    import functools
+
     dtype = torch.bfloat16
     w, scale, plain, gs, bias = _cuda_operands(n, k, fmt, layout, dtype)
     x = torch.randn(m, k).to(dtype).cuda()
@@ -952,23 +955,26 @@ def test_pdl_waits_for_the_grid_before(fmt, layout, m, n, k, override):
     w2, scale2, plain2 = (t.cuda() for t in _operands(n, k, fmt, layout, seed=1))  # other codes and scales
     x2, bias2 = torch.randn(m, k).to(dtype).cuda(), torch.randn(n).to(dtype).cuda()
     gs2 = None if gs is None else torch.tensor([0.81], device="cuda")
-    srcs = dict(x=x2, w=w2, scale=scale2, gs=gs2, bias=bias2)
-    dsts = dict(x=x.clone(), w=w.clone(), scale=scale.clone(), gs=None if gs is None else gs.clone(), bias=bias.clone())
-    out = torch.full_like(y, 7.0)
-    seen = torch.empty_like(y)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        seen.copy_(out)  # y's old values, read by the grid before
-        for name, dst in dsts.items():
-            if dst is not None:
-                dst.copy_(srcs[name])
-        kernels.run(out, dsts["x"], dsts["w"].view(torch.uint8), dsts["scale"].view(torch.uint8), fmt, layout,
-                    dsts["gs"], dsts["bias"], pdl=True, **override)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert (seen == 7.0).all()
-    _check(out, x2, w2, plain2, fmt, gs2, bias2)
-    assert torch.equal(out, _run(x2, w2, scale2, fmt=fmt, layout=layout, gs=gs2, bias=bias2, **override))
+    want = _run(x2, w2, scale2, fmt=fmt, layout=layout, gs=gs2, bias=bias2, **override)
+    _check(want, x2, w2, plain2, fmt, gs2, bias2)
+    originals, srcs = dict(x=x, w=w, scale=scale, gs=gs, bias=bias), dict(x=x2, w=w2, scale=scale2, gs=gs2, bias=bias2)
+    for last in ("x", "w", "scale", "gs", "bias", "y"):
+        if last == "gs" and gs is None:
+            continue  # MXFP4 has no global scale
+        dsts = {name: None if t is None else t.clone() for name, t in originals.items()}
+        out, seen = torch.full_like(y, 7.0), torch.empty_like(y)
+        steps = {name: functools.partial(dst.copy_, srcs[name]) for name, dst in dsts.items() if dst is not None}
+        steps["y"] = functools.partial(seen.copy_, out)  # y's old values, read
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for name in [name for name in steps if name != last] + [last]:
+                steps[name]()
+            kernels.run(out, dsts["x"], dsts["w"].view(torch.uint8), dsts["scale"].view(torch.uint8), fmt, layout,
+                        dsts["gs"], dsts["bias"], pdl=True, **override)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert (seen == 7.0).all(), last
+        assert torch.equal(out, want), last
 
 
 @pytest.mark.gpu
