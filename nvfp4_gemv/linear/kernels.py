@@ -354,6 +354,15 @@ def token_tiles_for(m: int, n: int, k: int, x_dtype: str = "", fragments: bool =
 # 0.982 over 96, the same as without at 4 tokens (two K parts read whole lines already); 256 B no better.
 W_L2_PREFETCH = 128
 
+# The default kernel (one launch a call: no block columns, no x in fragment order, no experts) is launched
+# programmatically dependent on the stream's previous grid (LinearW4A16Config.pdl): its CTAs start while that grid
+# drains and wait before their first global load or store, and each lets the next such grid start once past its K
+# loop. `nvfp4-gemv ab pdl` on an H100 80GB HBM3 (docs/linear_h100_ab_pdl.csv; BENCHMARKS.md, "The linear launched
+# programmatically dependent"), the 12 bench shapes at 1-16 tokens, graph-timed with calls back to back: 0.935 of the
+# time on geomean over 76 points, faster at 69 (0.80-1.00), at most 6 % slower at the other 7 (2880 x 2880 and 5760 x
+# 2880); the gain, about 0.4 us a call, is the next call's start overlapping this one's end, not a faster read.
+PDL = True
+
 
 # From 33 tokens (three 16-token tiles) on a W larger than this, the grid runs token tiles fastest (m_major), so the
 # CTAs that read the same rows of W run together and share them through the L2, where row tiles first would stream
@@ -634,6 +643,7 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap,
                k_splits=splits, m_major=m_major, k_parts=parts, w_l2_prefetch=W_L2_PREFETCH,
+               pdl=PDL and not (columns or fragments),
                acc_sets=1 if columns else acc_sets_for(override.get("groups", groups), token_tiles, fmt, x_dtype))
     cfg.update(override)
     if fold and not cfg["max_registers"] and cfg["k_splits"] == 1:
@@ -821,7 +831,7 @@ def experts_config(n: int, k: int, fmt: str, x_dtype: str, ids_dtype: str, bias:
         group, runs = experts_route(tokens, top_k, experts, n, k)
     tiles = override.get("token_tiles") or (run_tiles_for(tokens * top_k, experts) if runs else 1)
     fields = {"groups": one.groups, "k_warps": min(one.k_warps, EXPERTS_K_WARPS), "k_parts": 1,
-              "block_columns": False, "x_fragments": False, "token_tiles": tiles, **override}
+              "block_columns": False, "x_fragments": False, "pdl": False, "token_tiles": tiles, **override}
     cfg = config_for(1, n, k, fmt, "plain", x_dtype, bias, global_scale, sms, **fields)
     return LinearW4A16Config(**{**cfg.__dict__, "experts": "i32" if runs else ids_dtype,  # runs: the table's int32
                                 "expert_group": bool(group), "expert_runs": bool(runs)})
@@ -1063,4 +1073,5 @@ def describe(m: int, n: int, k: int, fmt: str, x_dtype, device=None, scale_layou
             + (f" k_parts={cfg.k_parts}" if cfg.k_parts > 1 else "")
             + (f" acc_sets={cfg.acc_sets}" if cfg.acc_sets > 1 else "")
             + (f" k_splits={cfg.k_splits} (a cluster)" if cfg.k_splits > 1 else "")
-            + (f" max_registers={cfg.max_registers}" if cfg.max_registers else "") + note)
+            + (f" max_registers={cfg.max_registers}" if cfg.max_registers else "")
+            + (", launched programmatically dependent (pdl)" if cfg.pdl else "") + note)
