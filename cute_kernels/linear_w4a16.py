@@ -98,8 +98,10 @@ class LinearW4A16Config:
     # 4 and 16 tokens (BENCHMARKS.md), so no dispatched config sets it; kept for `nvfp4-gemv ab shifts_on_fma`
     pdl: bool = False  # the default kernel launched programmatically dependent on the stream's previous grid: its
     # CTAs may start while that grid drains and wait (griddepcontrol.wait) before their first global load, and it
-    # lets the next such grid start once every CTA is past its K loop. The launcher sets it wherever the config
-    # allows (kernels.PDL: 0.935 of the time on geomean on an H100, calls back to back)
+    # lets the next such grid start once every CTA is past its K loop. The launcher sets it on the default kernel at
+    # 1-16 tokens (kernels.PDL: 0.935 of the time on geomean on an H100, calls back to back). With x_fragments the
+    # call's first grid, the x pass, is the one launched so and waits before it reads x or writes the workspace (the
+    # main kernel already waits for the pass); not yet timed (nvfp4-gemv ab pdl_fragments), so not dispatched
     experts: str = ""  # LinearW4A16Experts: "i32" or "i64", the expert ids' dtype (a CTA row a (token, expert) slot)
     expert_group: bool = False  # with experts: the slots that share an expert in runs of up to a token tile, each run
     # in the CTA row of its first slot (found by a warp's scan of the ids), so the expert is read once a run instead
@@ -150,9 +152,9 @@ class LinearW4A16Config:
             raise ValueError(f"w_l2_prefetch must be 0, 64, 128 or 256, got {self.w_l2_prefetch}")
         if self.block_columns and self.x_fragments:
             raise ValueError("block_columns prepares x its own way; x_fragments is for the default kernel")
-        if self.pdl and (self.experts or self.block_columns or self.x_fragments):
-            raise ValueError(f"pdl is for the default kernel (one launch a call, no experts, block columns or x in "
-                             f"fragment order, whose launches order themselves), got {self}")
+        if self.pdl and (self.experts or self.block_columns):
+            raise ValueError(f"pdl is for the default kernel and x in fragment order (no experts or block columns, "
+                             f"whose launches order themselves), got {self}")
         if self.m_major and self.k_splits > 1:
             raise ValueError(f"m_major takes no cluster (k_splits = 1), got {self}")
         if self.max_registers and (self.max_registers % 8 or not 24 <= self.max_registers <= 248

@@ -13,12 +13,16 @@ wavefronts, not 16) and its words are the B registers as they are (no PRMT). The
 launched with programmatic dependent launch: its prologue overlaps the x pass, and it waits for the pass before its
 K loop. The K order, the MMAs and every sum are the default kernel's: the output is bit-identical to it.
 
+With `pdl` the x pass too is launched programmatically dependent on the grid before it (the last call's main kernel,
+say, which still reads the workspace the pass writes): it waits (`griddepcontrol.wait`) before its load of x and its
+store, and the main kernel signals after its K loop that the next grid may launch.
+
 Tokens past M (the kernel repeats the last one) and the K past a last half step (lanes that load nothing there) are
 never read, so the pass writes only the M x K elements.
 """
 
 import cutlass.cute as cute
-from cutlass import Int32, Uint32
+from cutlass import Int32, Uint32, const_expr
 
 from cute_kernels.compile import launch, load_atom
 from cute_kernels.linear_w4a16 import PAIRS, STEP_K, LinearW4A16, prmt, x_pair_selector
@@ -53,6 +57,8 @@ class LinearW4A16Fragments(LinearW4A16):
         prep = self.fragments_kernel(x_words, xf, m, k)
         main = self.kernel(xf, w_words, sf, mY, mGS, mBias, m, n, k)
         prep_shape = dict(grid=[steps, gm, 1], block=[CHUNK_THREADS, 1, 1])
+        if const_expr(self.cfg.pdl):
+            prep_shape["use_pdl"] = True
         launch(prep, prep_shape, stream)
         launch(main, dict(self.launch_shape(m, n), use_pdl=True), stream)
 
@@ -61,6 +67,8 @@ class LinearW4A16Fragments(LinearW4A16):
         """CTA (s, g): the chunks (v, t, c) of step s, token group g; thread c + 4t + 32v loads x elements 128s + 32c
         + 8v.. of token 8g + t (16 bytes), pairs them and stores them at (s, g, v, t, c)."""
         cute.arch.griddepcontrol_launch_dependents()
+        if const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()  # x, or the workspace, may belong to the grid before
         tidx, _, _ = cute.arch.thread_idx()
         s, g, _ = cute.arch.block_idx()
         c = tidx & 3

@@ -113,13 +113,14 @@ def test_ptx_facts(ptx, kw, arch):
 
 
 def test_pdl_is_a_launch_attribute_of_the_default_kernel_only():
-    """pdl asks the launch for programmatic dependence (and the kernel waits: test_ptx_facts); the kernels that launch
-    two grids a call or read routes refuse it."""
+    """pdl asks the launch for programmatic dependence (and the kernel waits: test_ptx_facts; with x in fragment
+    order, test_x_fragments_ptx_facts); block columns and the routed kernel refuse it."""
     from cute_kernels.linear_w4a16 import LinearW4A16, LinearW4A16Config
 
     assert LinearW4A16(LinearW4A16Config(pdl=True)).launch_shape(4, 4096).get("use_pdl") is True
     assert "use_pdl" not in LinearW4A16(LinearW4A16Config()).launch_shape(4, 4096)
-    for other in (dict(x_fragments=True), dict(block_columns=True), dict(experts="i32")):
+    assert LinearW4A16Config(pdl=True, x_fragments=True).pdl
+    for other in (dict(block_columns=True), dict(experts="i32")):
         with pytest.raises(ValueError, match="pdl is for the default kernel"):
             LinearW4A16Config(pdl=True, **other)
 
@@ -819,12 +820,15 @@ def test_block_columns_rule():
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("kw", [dict(fmt="nvfp4", x_dtype="bf16"),
-                                dict(fmt="mxfp4", x_dtype="fp16", token_tiles=2, groups=2, k_warps=4)],
-                         ids=["nvfp4-bf16", "mxfp4-fp16-t2g2"])
+                                dict(fmt="mxfp4", x_dtype="fp16", token_tiles=2, groups=2, k_warps=4),
+                                dict(fmt="nvfp4", x_dtype="bf16", token_tiles=2, pdl=True)],
+                         ids=["nvfp4-bf16", "mxfp4-fp16-t2g2", "nvfp4-bf16-t2-pdl"])
 def test_x_fragments_ptx_facts(tmp_path, arch, kw):
     """x in fragment order compiles for both archs as two kernels: the x pass (one 16-byte load, the B pairs by
     PRMT, one 16-byte store a thread; it lets the main kernel launch at once) and the main kernel, which waits for
-    it before its K loop and forms no x pair itself (its only PRMT are the scale's, two a row group and step)."""
+    it before its K loop and forms no x pair itself (its only PRMT are the scale's, two a row group and step). With
+    pdl the pass waits for the grid before it, ahead of its load and store, and the main kernel signals the next grid
+    after its K loop, before its store."""
     from cute_kernels.linear_w4a16 import LinearW4A16Config
 
     cfg = LinearW4A16Config(x_fragments=True, **kw)
@@ -835,7 +839,11 @@ def test_x_fragments_ptx_facts(tmp_path, arch, kw):
     prep, main = sorted(entries, key=lambda e: "mma.sync" in e)
     assert "griddepcontrol.launch_dependents" in prep and "mma.sync" not in prep
     assert prep.count("prmt.b32") == 4 and "ld.global.v4" in prep and "st.global.v4" in prep
-    assert "griddepcontrol.wait" in main and "griddepcontrol.wait" not in prep
+    assert main.count("griddepcontrol.wait") == 1 and prep.count("griddepcontrol.wait") == int(cfg.pdl)
+    assert main.count("griddepcontrol.launch_dependents") == int(cfg.pdl)
+    if cfg.pdl:
+        assert prep.index("griddepcontrol.wait") < min(prep.index("ld.global"), prep.index("st.global"))
+        assert main.index("griddepcontrol.launch_dependents") < main.index("st.global")
     ab = "bf16" if cfg.mma_dtype == "bf16" else "f16"
     assert main.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{ab}.{ab}.f32") > 0
     (tmp_path / "plain").mkdir()
@@ -956,12 +964,14 @@ def test_past_the_grid_limit_on_the_gpu():
 @pytest.mark.parametrize("fmt,layout", LAYOUTS)
 @pytest.mark.parametrize("m,n,k,override", [(1, 4096, 4096, {}), (16, 520, 2880, dict(token_tiles=2)),
                                             (4, 256, 4160, dict(k_parts=2)), (8, 384, 4096, dict(k_splits=2)),
-                                            (3, 200, 7168, dict(groups=2, k_warps=4, acc_sets=2))], ids=str)
+                                            (3, 200, 7168, dict(groups=2, k_warps=4, acc_sets=2)),
+                                            (8, 384, 4096, dict(x_fragments=True)),
+                                            (12, 520, 2880, dict(x_fragments=True, token_tiles=2))], ids=str)
 def test_pdl_waits_for_the_grid_before(fmt, layout, m, n, k, override):
-    """The default kernel launched programmatically dependent (pdl) gives the same bits as a plain launch. In a CUDA
-    graph, with the grid just before it writing x, W, its scales, the global scale or the bias (each in turn, the
-    others written earlier), or reading y, it reads what was written and leaves y for the reader: its wait comes
-    before every global load and store."""
+    """The default kernel launched programmatically dependent (pdl) gives the same bits as a plain launch, and so
+    does x in fragment order with its x pass launched so. In a CUDA graph, with the grid just before the call writing
+    x, W, its scales, the global scale or the bias (each in turn, the others written earlier), or reading y, the call
+    reads what was written and leaves y for the reader: its waits come before every global load and store."""
     import functools
 
     dtype = torch.bfloat16
@@ -970,6 +980,7 @@ def test_pdl_waits_for_the_grid_before(fmt, layout, m, n, k, override):
     kw = dict(fmt=fmt, layout=layout, gs=gs, bias=bias, **override)
     y = _run(x, w, scale, **kw)
     _check(y, x, w, plain, fmt, gs, bias)
+    assert torch.equal(_run(x, w, scale, pdl=False, **kw), y)  # the launcher may set pdl itself (kernels.PDL)
     assert torch.equal(_run(x, w, scale, pdl=True, **kw), y)
     w2, scale2, plain2 = (t.cuda() for t in _operands(n, k, fmt, layout, seed=1))  # other codes and scales
     x2, bias2 = torch.randn(m, k).to(dtype).cuda(), torch.randn(n).to(dtype).cuda()

@@ -597,6 +597,13 @@ def pdl_ab(shapes=SHAPES, tokens=(1, 2, 4, 8, 16), formats=FORMATS, rounds=2, cs
                      applies=lambda cfg: not (cfg.x_fragments or cfg.block_columns))
 
 
+def pdl_fragments_ab(shapes=SHAPES, tokens=(4, 8, 16), formats=FORMATS, rounds=2, csv_path=None, log=print):
+    """`pdl_ab` where the dispatched call takes x in fragment order: its x pass launched plainly (before) and
+    programmatically dependent on the grid before it (now); the other points are skipped."""
+    return _field_ab("pdl", False, True, shapes, tokens, formats, (torch.bfloat16,), rounds, csv_path, log,
+                     applies=lambda cfg: cfg.x_fragments)
+
+
 HELD_OUT_SEED = 1207  # none of the rules' A/B runs drew from it (they used 1205)
 
 
@@ -724,6 +731,8 @@ AB_RUNS = {
     "k_warps": ("any number of k-warps (widen_k_warps) against powers of two", k_warps_ab),
     "pdl": ("the default kernel launched programmatically dependent on the call before it, against a plain launch",
             pdl_ab),
+    "pdl_fragments": ("x in fragment order with its x pass launched programmatically dependent on the call before "
+                      "it, against a plain launch", pdl_fragments_ab),
     "x_fragments": ("x in fragment order forced on and off at the launcher's split", x_fragments_ab),
     "x_fragments_few": ("at 1-2 tokens, x in fragment order with one and with two K parts a row",
                         lambda **kw: x_fragments_ab(tokens=(1, 2), more={"parts2": dict(k_parts=2, x_fragments=True)},
