@@ -112,7 +112,7 @@ def test_ptx_facts(ptx, kw, arch):
         assert not (line.strip().startswith(("atom.", "red.")) and ".f32" in line), line
 
 
-def test_pdl_is_a_launch_attribute_of_the_default_kernel_only():
+def test_pdl_is_a_launch_attribute_that_block_columns_and_experts_refuse():
     """pdl asks the launch for programmatic dependence (and the kernel waits: test_ptx_facts; with x in fragment
     order, test_x_fragments_ptx_facts); block columns and the routed kernel refuse it."""
     from cute_kernels.linear_w4a16 import LinearW4A16, LinearW4A16Config
