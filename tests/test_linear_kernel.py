@@ -127,17 +127,19 @@ def test_pdl_is_a_launch_attribute_that_block_columns_and_experts_refuse():
 
 def test_the_launcher_takes_pdl_wherever_the_kernel_allows():
     """Every config the launcher picks for the default kernel at up to 16 tokens is launched programmatically
-    dependent (kernels.PDL); the two-grid kernels, the routed one and calls past 16 tokens are not, and an override
-    still turns it off."""
+    dependent (kernels.PDL), x in fragment order too (its x pass so launched); block columns, the routed kernel and
+    calls past 16 tokens are not, and an override still turns it off."""
     for m in (1, 2, 4, 8, 12, 16, 17, 40):
         for n, k in [(4096, 4096), (8192, 28672), (2880, 2880), (256, 64), (520, 2880)]:
             for fmt in ("nvfp4", "mxfp4"):
                 for xd in ("bf16", "fp16"):
                     cfg = kernels.config_for(m, n, k, fmt, "plain", xd, False, fmt == "nvfp4")
-                    want = m <= kernels.PDL_MAX_TOKENS and not (cfg.x_fragments or cfg.block_columns)
+                    want = m <= kernels.PDL_MAX_TOKENS and not cfg.block_columns
                     assert cfg.pdl == want, (m, n, k, fmt, xd, cfg)
-    assert kernels.config_for(8, 8192, 28672, "nvfp4", "plain", "bf16", False, True).x_fragments  # a two-grid call
-    assert kernels.config_for(1, 8192, 8192, "mxfp4", "plain", "fp16", False, False).block_columns  # and another
+    fragments = kernels.config_for(8, 8192, 28672, "nvfp4", "plain", "bf16", False, True)
+    assert fragments.x_fragments and fragments.pdl  # a two-grid call that takes it
+    columns = kernels.config_for(1, 8192, 8192, "mxfp4", "plain", "fp16", False, False)
+    assert columns.block_columns and not columns.pdl  # and one that does not
     assert not kernels.config_for(1, 4096, 4096, "nvfp4", "plain", "bf16", False, True, pdl=False).pdl
     assert not kernels.experts_config(4096, 4096, "nvfp4", "bf16", "i64", False, True, tokens=4, top_k=2,
                                       experts=8).pdl

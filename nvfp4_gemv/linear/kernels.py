@@ -362,7 +362,10 @@ W_L2_PREFETCH = 128
 # time on geomean over 76 points, faster at 69 (0.80-1.00), at most 6 % slower at the other 7 (2880 x 2880 and 5760 x
 # 2880); the gain, about 0.4 us a call, is the next call's start overlapping this one's end, not a faster read. Up to
 # PDL_MAX_TOKENS, what was timed and run in the GPU tests of that field (test_pdl_waits_for_the_grid_before); past it
-# the calls are the 32-token CTAs and the grid's other order, neither timed nor tested with the field.
+# the calls are the 32-token CTAs and the grid's other order, neither timed nor tested with the field. x in fragment
+# order takes it too, its x pass launched so and waiting before its load: `nvfp4-gemv ab pdl_fragments` on an H100
+# (docs/linear_h100_ab_pdl_fragments.csv), 0.963 of the time on geomean over 44 points at 4-16 tokens, faster at 42.
+# Block columns (two grids, the second a reduction over the first's partial sums) are not launched so.
 PDL = True
 PDL_MAX_TOKENS = 16
 
@@ -646,7 +649,7 @@ def config_for(m: int, n: int, k: int, fmt: str, scale_layout: str, x_dtype: str
     cfg = dict(fmt=fmt, sf_kind=SCALE_LAYOUTS[scale_layout], x_dtype=x_dtype, token_tiles=token_tiles,
                groups=groups, row_warps=1, k_warps=k_warps, bias=bias, global_scale=global_scale, max_registers=cap,
                k_splits=splits, m_major=m_major, k_parts=parts, w_l2_prefetch=W_L2_PREFETCH,
-               pdl=PDL and m <= PDL_MAX_TOKENS and not (columns or fragments),
+               pdl=PDL and m <= PDL_MAX_TOKENS and not columns,
                acc_sets=1 if columns else acc_sets_for(override.get("groups", groups), token_tiles, fmt, x_dtype))
     cfg.update(override)
     if fold and not cfg["max_registers"] and cfg["k_splits"] == 1:
