@@ -43,6 +43,10 @@ class StreamReadConfig:
     unroll: int = 8  # 16-byte loads in flight per thread
     load: str = "no_allocate"  # the load's cache qualifiers: a key of LOAD_QUALIFIERS
     row_chunks: int = 0  # 0: the grid-stride read; else a warp a row of this many 16-byte chunks (a multiple of 32)
+    # Launched programmatically dependent on the stream's previous grid, as the W4A16 linear is: the CTAs start while
+    # that grid drains, wait (griddepcontrol.wait) before their first load, and let the next grid launch once past
+    # their loop. The read a kernel so launched is held to, when calls follow each other.
+    pdl: bool = False
 
     def __post_init__(self):
         if self.threads % 32 or not 32 <= self.threads <= 1024:
@@ -82,11 +86,14 @@ class StreamRead:
         if cutlass.const_expr(self.cfg.row_chunks):
             rows_a_cta = self.cfg.threads // 32
             rows = n16 // self.cfg.row_chunks
+            call = self.kernel_rows(chunks, mOut, rows)
             shape = dict(grid=[(rows + rows_a_cta - 1) // rows_a_cta, 1, 1], block=[self.cfg.threads, 1, 1])
-            launch(self.kernel_rows(chunks, mOut, rows), shape, stream=stream)
         else:
+            call = self.kernel(chunks, mOut, n16)
             shape = dict(grid=[sms * self.cfg.ctas_per_sm, 1, 1], block=[self.cfg.threads, 1, 1])
-            launch(self.kernel(chunks, mOut, n16), shape, stream=stream)
+        if cutlass.const_expr(self.cfg.pdl):
+            shape["use_pdl"] = True
+        launch(call, shape, stream=stream)
 
     @cute.kernel
     def kernel(self, chunks: cute.Tensor, out: cute.Tensor, n16: Int32):
@@ -98,11 +105,13 @@ class StreamRead:
         atom = load_atom(Uint32, 128, **LOAD_QUALIFIERS[self.cfg.load])
         fold = Uint32(0)
         n_full = n16 // total
+        self.wait_for_the_grid_before()
         for i in cutlass.range(n_full, unroll=self.cfg.unroll):
             fold = self.fold_in(atom, chunks[None, g + i * total], fold)
         j = g + n_full * total
         if j < n16:
             fold = self.fold_in(atom, chunks[None, j], fold)
+        self.let_the_next_grid_launch()
         if fold == Uint32(SENTINEL):
             out[0] = fold
 
@@ -113,12 +122,24 @@ class StreamRead:
         row = bidx * (self.cfg.threads // 32) + tidx // 32
         atom = load_atom(Uint32, 128, **LOAD_QUALIFIERS[self.cfg.load])
         fold = Uint32(0)
+        self.wait_for_the_grid_before()
         if row < rows:
             first = row * self.cfg.row_chunks + tidx % 32
             for i in cutlass.range(self.cfg.row_chunks // 32, unroll=self.cfg.unroll):
                 fold = self.fold_in(atom, chunks[None, first + i * 32], fold)
+        self.let_the_next_grid_launch()
         if fold == Uint32(SENTINEL):
             out[0] = fold
+
+    def wait_for_the_grid_before(self):
+        """With `pdl`: the previous grid has finished and its stores are visible before the first load."""
+        if cutlass.const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_wait()
+
+    def let_the_next_grid_launch(self):
+        """With `pdl`: the next grid may launch once every CTA is past its loop."""
+        if cutlass.const_expr(self.cfg.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
 
     @staticmethod
     def fold_in(atom, chunk, fold):

@@ -265,15 +265,18 @@ def test_k_split_kernel_bit_identical_across_runs_and_nan_scales(config):
     _bit_identical_with_nan_scales(_split(config), (576, 7168, 2), seed=12, runs=50)
 
 
-@pytest.mark.parametrize("nbytes, row_chunks", [(16, 0), (4096, 0), (1 << 20, 0), ((33_071_104 // 16 + 3) * 16, 0),
-                                                (512, 32), (7 * 224 * 16, 224), (7168 * 512 * 16, 512)])
-def test_stream_read_reads_every_word(nbytes, row_chunks):
-    """The roofline kernel of `nvfp4-gemv bench` (and its read a warp a row) must read every 16-byte chunk: a buffer
-    of zeros with the sentinel in one word folds to the sentinel (and is stored) only if that word was loaded."""
+@pytest.mark.parametrize("nbytes, row_chunks, pdl", [(16, 0, False), (4096, 0, False), (1 << 20, 0, False),
+                                                     ((33_071_104 // 16 + 3) * 16, 0, False), (512, 32, False),
+                                                     (7 * 224 * 16, 224, False), (7168 * 512 * 16, 512, False),
+                                                     ((33_071_104 // 16 + 3) * 16, 0, True), (7 * 224 * 16, 224, True)])
+def test_stream_read_reads_every_word(nbytes, row_chunks, pdl):
+    """The roofline kernel of `nvfp4-gemv bench` (and its read a warp a row, and either launched programmatically
+    dependent) must read every 16-byte chunk: a buffer of zeros with the sentinel in one word folds to the sentinel
+    (and is stored) only if that word was loaded."""
     from cute_kernels import stream_read
     from nvfp4_gemv.bench import on_torch_stream
 
-    fn = on_torch_stream(stream_read.StreamRead, stream_read.StreamReadConfig(row_chunks=row_chunks))
+    fn = on_torch_stream(stream_read.StreamRead, stream_read.StreamReadConfig(row_chunks=row_chunks, pdl=pdl))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     buf = torch.zeros(nbytes // 4, dtype=torch.int32, device="cuda")
     out = torch.zeros(1, dtype=torch.int32, device="cuda")

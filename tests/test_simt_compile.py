@@ -180,11 +180,13 @@ def test_tma_kernel_sm90a_ptx(ptx_of, kw):
     assert _count(ptx, r"\b(atom|red)\.") == 0
 
 
-@pytest.mark.parametrize("kw", [{}, {"unroll": 4, "load": "cs"}, {"row_chunks": 512}, {"row_chunks": 224, "unroll": 2}],
-                         ids=str)
+@pytest.mark.parametrize("kw", [{}, {"unroll": 4, "load": "cs"}, {"row_chunks": 512}, {"row_chunks": 224, "unroll": 2},
+                                {"pdl": True}, {"row_chunks": 512, "pdl": True}], ids=str)
 def test_stream_read_sm90a_ptx(ptx_of, kw):
     """The roofline kernel: unrolled 128-bit loads with the chosen qualifiers, nothing else touching memory but
-    one guarded store. Read a warp a row, the row's trip count is known, so exactly `unroll` loads and no tail."""
+    one guarded store. Read a warp a row, the row's trip count is known, so exactly `unroll` loads and no tail.
+    Launched programmatically dependent (`pdl`), it waits once before its first load and signals once after its
+    last, before the store."""
     ptx = ptx_of("sm_90a", kernel="stream_read", **kw)
     unroll = kw.get("unroll", 8)
     qualifier = {"cs": r"\.cs", "no_allocate": r"\.L1::no_allocate"}[kw.get("load", "no_allocate")]
@@ -196,6 +198,12 @@ def test_stream_read_sm90a_ptx(ptx_of, kw):
     assert _count(ptx, r"ld\.global") == _count(ptx, r"ld\.global\S*\.v4\.b32")
     assert _count(ptx, r"st\.global") == 1
     assert _count(ptx, r"ld\.local|st\.local|ld\.shared|st\.shared") == 0
+    pdl = kw.get("pdl", False)
+    assert _count(ptx, r"griddepcontrol\.wait") == pdl and _count(ptx, r"griddepcontrol\.launch_dependents") == pdl
+    if pdl:
+        first_load, last_load = ptx.index("ld.global"), ptx.rindex("ld.global")
+        assert ptx.index("griddepcontrol.wait") < first_load
+        assert last_load < ptx.index("griddepcontrol.launch_dependents") < ptx.index("st.global")
 
 
 # Registers ptxas (nvidia-cutlass-dsl 4.8.1) gives each config simt_configs() can dispatch, sm_90a: the builds whose

@@ -957,18 +957,24 @@ def _time(factory):
 def run(shapes=SHAPES, tokens=TOKENS, formats=FORMATS, peers: bool = True, csv_path=None, plot_path=None, log=print,
         dtype=torch.bfloat16):
     """Time every (shape, M, format) with x of `dtype` (bf16 or fp16; cuBLAS runs in the same dtype); print the
-    table; optionally write CSV and a plot. Returns the rows."""
+    table; optionally write CSV and a plot. Returns the rows.
+
+    Two reads of W's bytes stand beside each point: the read launched plainly (`read`, the project's yardstick) and
+    launched programmatically dependent as the linear is up to `kernels.PDL_MAX_TOKENS` tokens (`read_pdl`): with
+    calls back to back, each call's start then overlaps the last one's end, which the plain read does not get."""
+    from cute_kernels.stream_read import StreamReadConfig
     from nvfp4_gemv.linear import kernels
 
     x_dtype = kernels._X_DTYPES[dtype]
     rows = []
     log(f"x {x_dtype}" + ("" if x_dtype == "bf16" else " (quack takes bf16 x only: its column is timed on bf16 x)"))
-    log(f"{'N x K':>13} {'M':>3} {'fmt':>5} {'read':>7} {'ours':>7} {'/read':>6} {'quack':>7} {'q/ours':>6} "
-        f"{'cuBLAS':>7} {'c/ours':>6}  config")
+    log(f"{'N x K':>13} {'M':>3} {'fmt':>5} {'read':>7} {'ours':>7} {'/read':>6} {'/rpdl':>6} {'quack':>7} "
+        f"{'q/ours':>6} {'cuBLAS':>7} {'c/ours':>6}  config")
     for n, k in shapes:
         cub = {m: (_time(lambda: cublas(n, k, m, dtype)) if peers else math.nan) for m in tokens}
         for fmt in formats:
             read = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt)))
+            read_pdl = _time(lambda: B.stream_read_variant(weight_bytes(n, k, fmt), config=StreamReadConfig(pdl=True)))
             for m in tokens:
                 t = _time(lambda: ours(n, k, m, fmt, dtype))
                 q = _time(lambda: quack(n, k, m, fmt)) if peers else math.nan
@@ -982,13 +988,15 @@ def run(shapes=SHAPES, tokens=TOKENS, formats=FORMATS, peers: bool = True, csv_p
                         + (" fold" if cfg.mx_fold else ""))
                 row = dict(n=n, k=k, m=m, fmt=fmt, x_dtype=x_dtype, read_us=read, ours_us=t, ratio=t / read,
                            quack_us=q, quack_over_ours=q / t, cublas_us=cub[m], cublas_over_ours=cub[m] / t,
-                           config=desc)
+                           config=desc, read_pdl_us=read_pdl, ratio_pdl=t / read_pdl)
                 rows.append(row)
-                log(f"{n:>6}x{k:<6} {m:>3} {fmt:>5} {read:7.2f} {t:7.2f} {t / read:6.2f} {q:7.2f} {q / t:6.2f} "
-                    f"{cub[m]:7.2f} {cub[m] / t:6.2f}  {desc}")
-    ratios = [r["ratio"] for r in rows if r["ratio"] == r["ratio"]]
-    if ratios:
-        log(f"geomean ours / read: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over {len(ratios)} points")
+                log(f"{n:>6}x{k:<6} {m:>3} {fmt:>5} {read:7.2f} {t:7.2f} {t / read:6.2f} {t / read_pdl:6.2f} "
+                    f"{q:7.2f} {q / t:6.2f} {cub[m]:7.2f} {cub[m] / t:6.2f}  {desc}")
+    for key, name in (("ratio", "read"), ("ratio_pdl", "read launched pdl")):
+        ratios = [r[key] for r in rows if r[key] == r[key]]
+        if ratios:
+            log(f"geomean ours / {name}: {math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f} over "
+                f"{len(ratios)} points")
     if csv_path:
         write_csv(rows, csv_path)
     if plot_path:
@@ -1183,7 +1191,8 @@ def experts_run(shapes=EXPERT_SHAPES, tokens=EXPERT_TOKENS, routings=EXPERT_ROUT
 
 
 def plot(rows, path):
-    """Time against M per shape: the read, ours and quack per format, cuBLAS bf16."""
+    """Time against M per shape: the reads (plain, and launched pdl where the rows have it), ours and quack per
+    format, cuBLAS in x's dtype."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -1201,6 +1210,9 @@ def plot(rows, path):
             if not f:
                 continue
             ax.plot(ms, [r["read_us"] for r in f], "k" + style, lw=1, label=f"read ({fmt} bytes)")
+            if "read_pdl_us" in f[0]:
+                ax.plot(ms, [r["read_pdl_us"] for r in f], style, color="0.6", lw=1,
+                        label=f"read launched pdl ({fmt})")
             ax.plot(ms, [r["ours_us"] for r in f], "C0" + style, marker="o", label=f"nvfp4-gemv {fmt}")
             ax.plot(ms, [r["quack_us"] for r in f], "C1" + style, marker="s", label=f"quack {fmt}")
         ax.plot(ms, [r["cublas_us"] for r in sub if r["fmt"] == sub[0]["fmt"]], "C3:", marker="^",
