@@ -364,8 +364,11 @@ W_L2_PREFETCH = 128
 # PDL_MAX_TOKENS, what was timed and run in the GPU tests of that field (test_pdl_waits_for_the_grid_before); past it
 # the calls are the 32-token CTAs and the grid's other order, neither timed nor tested with the field. x in fragment
 # order takes it too, its x pass launched so and waiting before its load: `nvfp4-gemv ab pdl_fragments` on an H100
-# (docs/linear_h100_ab_pdl_fragments.csv), 0.963 of the time on geomean over 44 points at 4-16 tokens, faster at 42.
-# Block columns (two grids, the second a reduction over the first's partial sums) are not launched so.
+# (docs/linear_h100_ab_pdl_fragments.csv), 0.963 of the time on geomean over 44 points at 4-16 tokens, faster at 42;
+# 10240 x 8192 NVFP4 at 16 tokens 1.09-1.11 in three runs, cause not found (BENCHMARKS.md, "x in fragment order
+# launched programmatically dependent"). Block columns (two grids, the second a reduction over the first's partial
+# sums) are not launched so. A read launched the same way gains as much (0.915 of the plain read's time on the same
+# H100): the gain is the launch's, not the kernel's.
 PDL = True
 PDL_MAX_TOKENS = 16
 
