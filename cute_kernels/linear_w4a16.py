@@ -101,7 +101,7 @@ class LinearW4A16Config:
     # lets the next such grid start once every CTA is past its K loop. The launcher sets it on the default kernel at
     # 1-16 tokens (kernels.PDL: 0.935 of the time on geomean on an H100, calls back to back). With x_fragments the
     # call's first grid, the x pass, is the one launched so and waits before it reads x or writes the workspace (the
-    # main kernel already waits for the pass); not yet timed (nvfp4-gemv ab pdl_fragments), so not dispatched
+    # main kernel already waits for the pass); the launcher sets it there too (0.963 over 44 points, H100)
     experts: str = ""  # LinearW4A16Experts: "i32" or "i64", the expert ids' dtype (a CTA row a (token, expert) slot)
     expert_group: bool = False  # with experts: the slots that share an expert in runs of up to a token tile, each run
     # in the CTA row of its first slot (found by a warp's scan of the ids), so the expert is read once a run instead

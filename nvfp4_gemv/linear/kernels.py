@@ -355,9 +355,9 @@ def token_tiles_for(m: int, n: int, k: int, x_dtype: str = "", fragments: bool =
 W_L2_PREFETCH = 128
 
 # The default kernel (one launch a call: no block columns, no x in fragment order, no experts) is launched
-# programmatically dependent on the stream's previous grid (LinearW4A16Config.pdl): its CTAs start while that grid
-# drains and wait before their first global load or store, and each lets the next such grid start once past its K
-# loop. `nvfp4-gemv ab pdl` on an H100 80GB HBM3 (docs/linear_h100_ab_pdl.csv; BENCHMARKS.md, "The linear launched
+# programmatically dependent on the stream's previous grid (LinearW4A16Config.pdl; x in fragment order below): its
+# CTAs start while that grid drains and wait before their first global load or store, and each lets the next such
+# grid start once past its K loop. `nvfp4-gemv ab pdl` on an H100 80GB HBM3 (docs/linear_h100_ab_pdl.csv; BENCHMARKS.md, "The linear launched
 # programmatically dependent"), the 12 bench shapes at 1-16 tokens, graph-timed with calls back to back: 0.935 of the
 # time on geomean over 76 points, faster at 69 (0.80-1.00), at most 6 % slower at the other 7 (2880 x 2880 and 5760 x
 # 2880); the gain, about 0.4 us a call, is the next call's start overlapping this one's end, not a faster read. Up to
