@@ -348,7 +348,7 @@ def test_ab_runs_name_their_points(monkeypatch, tmp_path):
     assert counts == dict(k_warps=18, x_fragments=168, x_fragments_few=48, fragments_fp16=24, mx_fold=104, one_group=20,
                           fragments_capped_64=45, fragments_capped_96=6, token_tiles=60, chunk_bytes=210,
                           register_partitions=6, held_out=82, k_parts_many=300, w_l2_prefetch=96, shifts_on_fma=144,
-                          pdl=76, pdl_fragments=44,
+                          pdl=76, pdl_fragments=44, pdl_variants=10,
                           mx_fold_bf16=108, mx_fold_designs=52, columns_or_fold=26,
                           one_group_fold=18, mx_fold_min_cap=22,
                           mx_fold_uncapped=22, zero_blocks=60, zero_blocks_fp16=40)

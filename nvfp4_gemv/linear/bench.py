@@ -604,6 +604,33 @@ def pdl_fragments_ab(shapes=SHAPES, tokens=(4, 8, 16), formats=FORMATS, rounds=2
                      applies=lambda cfg: cfg.x_fragments)
 
 
+# The variants of the dispatched config that `pdl_variants_ab` launches plainly and programmatically dependent: the
+# probe of the one point of `pdl_fragments_ab` that pdl slowed (BENCHMARKS.md, "x in fragment order launched
+# programmatically dependent, and the read launched the same way").
+PDL_VARIANTS = {"dispatched": {}, "r72": dict(max_registers=72), "r80": dict(max_registers=80),
+                "no_xf": dict(x_fragments=False), "kw8": dict(k_warps=8)}
+
+
+def pdl_variants_ab(shapes=((10240, 8192), (14336, 4096)), tokens=(16,), formats=("nvfp4",), rounds=3, csv_path=None,
+                    log=print):
+    """`pdl_ab` on each of PDL_VARIANTS of the dispatched config (a register cap, one grid, 8 k-warps), bf16 x: which
+    of them pdl slows. Rows carry the variant's name."""
+    import dataclasses
+
+    rows = []
+    for name, over in PDL_VARIANTS.items():
+        def pair(m, n, k, fmt, xd, dispatched, over=over):
+            variant = dataclasses.replace(dispatched, **over)
+            return tuple(dataclasses.replace(variant, pdl=v) for v in (False, True))
+
+        log(f"-- {name}")
+        rows += [dict(variant=name, **row)
+                 for row in _rule_ab(shapes, tokens, formats, (torch.bfloat16,), rounds, pair, None, log)]
+    if csv_path:
+        write_csv(rows, csv_path)
+    return rows
+
+
 HELD_OUT_SEED = 1207  # none of the rules' A/B runs drew from it (they used 1205)
 
 
@@ -733,6 +760,8 @@ AB_RUNS = {
             pdl_ab),
     "pdl_fragments": ("x in fragment order with its x pass launched programmatically dependent on the call before "
                       "it, against a plain launch", pdl_fragments_ab),
+    "pdl_variants": ("pdl against a plain launch on variants of the dispatched config at 10240 x 8192 and 14336 x "
+                     "4096, 16 tokens (register caps, one grid, 8 k-warps)", pdl_variants_ab),
     "x_fragments": ("x in fragment order forced on and off at the launcher's split", x_fragments_ab),
     "x_fragments_few": ("at 1-2 tokens, x in fragment order with one and with two K parts a row",
                         lambda **kw: x_fragments_ab(tokens=(1, 2), more={"parts2": dict(k_parts=2, x_fragments=True)},
