@@ -559,15 +559,17 @@ def k_parts_many_sweep(shapes=SHAPES, formats=("nvfp4",), csv_path=None, log=pri
     return rows
 
 
-def _field_ab(field: str, before, now, shapes, tokens, formats, dtypes, rounds, csv_path, log, applies=None):
-    """`_rule_ab` of the dispatched split with one config field at `before` and at `now`; where `applies(dispatched)`
-    is false, the point is skipped."""
+def _field_ab(field: str, before, now, shapes, tokens, formats, dtypes, rounds, csv_path, log, applies=None,
+              variant=None):
+    """`_rule_ab` of the dispatched split (with the fields `variant` overrides) with one config field at `before` and
+    at `now`; where `applies(dispatched)` is false, the point is skipped."""
     import dataclasses
 
     def pair(m, n, k, fmt, xd, dispatched):
         if applies is not None and not applies(dispatched):
             return None
-        return tuple(dataclasses.replace(dispatched, **{field: v}) for v in (before, now))
+        base = dataclasses.replace(dispatched, **(variant or {}))
+        return tuple(dataclasses.replace(base, **{field: v}) for v in (before, now))
 
     return _rule_ab(shapes, tokens, formats, dtypes, rounds, pair, csv_path, log)
 
@@ -615,17 +617,11 @@ def pdl_variants_ab(shapes=((10240, 8192), (14336, 4096)), tokens=(16,), formats
                     log=print):
     """`pdl_ab` on each of PDL_VARIANTS of the dispatched config (a register cap, one grid, 8 k-warps), bf16 x: which
     of them pdl slows. Rows carry the variant's name."""
-    import dataclasses
-
     rows = []
     for name, over in PDL_VARIANTS.items():
-        def pair(m, n, k, fmt, xd, dispatched, over=over):
-            variant = dataclasses.replace(dispatched, **over)
-            return tuple(dataclasses.replace(variant, pdl=v) for v in (False, True))
-
         log(f"-- {name}")
-        rows += [dict(variant=name, **row)
-                 for row in _rule_ab(shapes, tokens, formats, (torch.bfloat16,), rounds, pair, None, log)]
+        rows += [dict(variant=name, **row) for row in _field_ab("pdl", False, True, shapes, tokens, formats,
+                                                                (torch.bfloat16,), rounds, None, log, variant=over)]
     if csv_path:
         write_csv(rows, csv_path)
     return rows
