@@ -106,6 +106,7 @@ def _number(cast, what: str, valid, requirement: str):
 
 _positive_int = _number(int, "a whole number", lambda v: v >= 1, ">= 1")
 _bandwidth = _number(float, "a number of TB/s", lambda v: math.isfinite(v) and v > 0, "a positive finite number of TB/s")
+_clock = _number(float, "a number of GHz", lambda v: math.isfinite(v) and v > 0, "a positive finite number of GHz")
 
 
 def _check_shapes(which: str):
@@ -429,6 +430,23 @@ def _cmd_probes(args) -> int:
     return 0
 
 
+def _cmd_loops(args) -> int:
+    from nvfp4_gemv.linear import bench as LB
+    from nvfp4_gemv.linear import loops
+
+    shapes = args.shapes or LB.SHAPES
+    points = [(n, k, m, fmt, args.x_dtype) for n, k in shapes for m in args.tokens for fmt in args.formats]
+    rows = loops.loops_table(points, args.read_tbs, args.sms, args.clock_ghz, log=lambda s: None)
+    cols = ("n", "k", "m", "fmt", "config", "instructions", "alu", "fma", "instructions_a_kb", "issue_needed",
+            "alu_needed")
+    print(format_table(cols, [[r[c] for c in cols] for r in rows]))
+    print(f"issue_needed, alu_needed: the shares of a scheduler's cycles that the K loop's issue and its ALU pipe "
+          f"need to keep up with a read of {args.read_tbs} TB/s on {args.sms} SMs at {args.clock_ghz} GHz")
+    args.out.mkdir(exist_ok=True)
+    LB.write_csv(rows, args.out / f"linear_loops_{args.x_dtype}.csv")
+    return 0
+
+
 # ---- compile ---------------------------------------------------------------------------------------------------
 
 def _cmd_compile(args) -> int:
@@ -560,6 +578,23 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--out", type=_out_folder, default="bench-out",
                    help="folder for linear_load_probes.csv (default: bench-out)")
     q.set_defaults(func=_cmd_probes)
+
+    o = sub.add_parser("loops", help="the W4A16 linear's K loop for sm_90a, compiled here: its SASS instructions a "
+                       "step by pipe, and the issue and ALU shares it needs to keep up with a read rate (no GPU)")
+    o.add_argument("--shapes", nargs="+", type=_linear_shape_arg, metavar="N,K", default=None,
+                   help="weight shapes (default: the bench's 12)")
+    o.add_argument("--tokens", nargs="+", type=_positive_int, default=[1, 2, 4, 8, 16],
+                   help="token counts M (default 1 2 4 8 16)")
+    o.add_argument("--formats", nargs="+", choices=("nvfp4", "mxfp4"), default=["nvfp4", "mxfp4"])
+    o.add_argument("--x-dtype", choices=("bf16", "fp16"), default="bf16")
+    o.add_argument("--read-tbs", type=_bandwidth, default=4.2,
+                   help="the read rate to keep up with, TB/s (default 4.2: the H200's stream read of large weights)")
+    o.add_argument("--sms", type=_positive_int, default=132, help="SMs (default 132: H200, H100 SXM)")
+    o.add_argument("--clock-ghz", type=_clock, default=1.78,
+                   help="SM clock under load, GHz (default 1.78: what ncu saw on the H200 under this load)")
+    o.add_argument("--out", type=_out_folder, default="bench-out",
+                   help="folder for linear_loops_<x dtype>.csv (default: bench-out)")
+    o.set_defaults(func=_cmd_loops)
 
     k = sub.add_parser("compile", help="write PTX, cubin (and SASS with nvdisasm) and an instruction summary")
     k.add_argument("--arch", choices=GPU_ARCHS, required=True)

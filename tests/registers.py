@@ -4,7 +4,6 @@ loops of an sm_90a build, and a kernel's PTX for any arch."""
 
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -97,19 +96,12 @@ def compiled_ptx(module: str, cls: str, config_kwargs: dict, arch: str, dump, co
 def k_loop_spills(dump) -> list[int]:
     """Spill loads and stores (LDL, STL) in each MMA loop of the cubin a compiled_registers_all call left in `dump`:
     the SASS (nvdisasm, from the nvidia-cuda-nvdisasm wheel the test extras install) between a loop's label and the
-    backward branch to it, for each loop with an HMMA in it."""
+    backward branch to it, for each loop with an HMMA in it (nvfp4_gemv.linear.loops.mma_loops)."""
     from nvfp4_gemv.artifacts import _nvdisasm
+    from nvfp4_gemv.linear.loops import mma_loops
 
     nvdisasm = _nvdisasm()
     assert nvdisasm, "nvdisasm not found: install the test extras (nvidia-cuda-nvdisasm)"
     (cubin,) = dump.glob("*.cubin")
-    lines = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
-    spills = []
-    for i, line in enumerate(lines):
-        m = re.search(r"\bBRA\s+(?:!?U?P\w+,\s*)?`\((\.L_x_\d+)\)", line)  # also `BRA P1, ...` (a loop's exit test)
-        if m and labels.get(m.group(1), i) < i:
-            body = lines[labels[m.group(1)] : i + 1]
-            if any("HMMA" in b for b in body):
-                spills.append(sum(bool(re.search(r"\b(?:STL|LDL)\b", b)) for b in body))
-    return spills
+    sass = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    return [sum(op in ("LDL", "STL") for op in ops) for ops in mma_loops(sass)]

@@ -308,6 +308,11 @@ def test_default_outputs_are_git_ignored():
         (["probes", "--shapes", "4096"], "N,K (two integers)"),
         (["probes", "--formats", "int4"], "invalid choice"),
         (["probes", "--tokens", "0"], "--tokens: must be >= 1"),
+        (["loops", "--read-tbs", "0"], "--read-tbs: must be a positive finite"),
+        (["loops", "--clock-ghz", "nan"], "--clock-ghz: must be a positive finite"),
+        (["loops", "--sms", "0"], "--sms: must be >= 1"),
+        (["loops", "--shapes", "4096,100"], "K a positive multiple of 64"),
+        (["loops", "--x-dtype", "fp32"], "invalid choice"),
     ],
 )
 def test_argument_errors_exit_nonzero(argv, message, capsys):
@@ -393,6 +398,26 @@ def _ncu_csv(launches: list[tuple[str, str, str]]) -> str:
             w.writerow([str(i), "1", "python3", "127.0.0.1", "kernel_cutlass_kernel_x", "1", "7", "(256, 1, 1)",
                         "(132, 1, 1)", "0", "9.0", "Command line profiler metrics", name, unit, value])
     return out.getvalue()
+
+
+@pytest.mark.slow
+def test_loops_prints_the_k_loop_table_and_writes_its_csv(tmp_path, capsys):
+    """`loops` compiles the dispatched configs here (no GPU) and prints each K loop's counts and needed shares; the
+    shares follow from the counts by the model (loops.needed_shares), at the rate, SMs and clock given."""
+    assert cli.main(["loops", "--shapes", "4096,4096", "--tokens", "1", "--formats", "nvfp4", "--read-tbs", "3.0",
+                     "--sms", "132", "--clock-ghz", "1.98", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "g1 kw16 ks1 r0 t1" in out and "3.0 TB/s on 132 SMs at 1.98 GHz" in out
+    with open(tmp_path / "linear_loops_bf16.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    assert (row["n"], row["k"], row["m"], row["fmt"], row["x"], row["loops"]) == ("4096", "4096", "1", "nvfp4", "bf16",
+                                                                                  "1")
+    from nvfp4_gemv.linear import loops
+
+    issue, alu = loops.needed_shares(int(row["instructions"]), int(row["alu"]), 1152, 3.0, 132, 1.98)
+    assert 150 <= int(row["instructions"]) <= 250
+    assert float(row["issue_needed"]) == pytest.approx(issue, abs=1e-3)
+    assert float(row["alu_needed"]) == pytest.approx(alu, abs=1e-3)
 
 
 def test_ncu_table_keeps_each_points_last_launch():
