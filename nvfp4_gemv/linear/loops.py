@@ -138,7 +138,8 @@ def loops_table(points, read_tbs: float, sms: int, clock_ghz: float, log=print) 
         first = loops[0]
         nbytes = step_bytes(cfg)
         issue, alu = needed_shares(first["instructions"], first["alu"], nbytes, read_tbs, sms, clock_ghz)
-        row = {"n": n, "k": k, "m": m, "fmt": fmt, "x": xd, "config": _label(cfg),
+        fold = ("fold, redo" if cfg.mx_fold_redo else "fold") if cfg.mx_fold else ""
+        row = {"n": n, "k": k, "m": m, "fmt": fmt, "x": xd, "config": _label(cfg), "mx_fold": fold,
                "loops": len(loops), **{key: first[key] for key in ("instructions", "alu", "fma", "tensor", "lsu")},
                "step_bytes": nbytes, "instructions_a_kb": round(first["instructions"] * 1024 / nbytes, 1),
                "issue_needed": round(issue, 3), "alu_needed": round(alu, 3)}
