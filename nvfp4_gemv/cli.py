@@ -437,8 +437,8 @@ def _cmd_loops(args) -> int:
     shapes = args.shapes or LB.SHAPES
     points = [(n, k, m, fmt, args.x_dtype) for n, k in shapes for m in args.tokens for fmt in args.formats]
     rows = loops.loops_table(points, args.read_tbs, args.sms, args.clock_ghz, log=lambda s: None)
-    cols = ("n", "k", "m", "fmt", "config", "mx_fold", "loops", "instructions", "alu", "fma", "instructions_a_kb", "issue_needed",
-            "alu_needed")
+    cols = ("n", "k", "m", "fmt", "config", "mx_fold", "loops", "instructions", "alu", "fma", "instructions_a_kb",
+            "issue_needed", "alu_needed")
     print(format_table(cols, [[r[c] for c in cols] for r in rows]))
     print(f"issue_needed, alu_needed: the shares of a scheduler's cycles that the K loop's issue and its ALU pipe "
           f"need to keep up with a read of {args.read_tbs} TB/s on {args.sms} SMs at {args.clock_ghz} GHz")

@@ -673,6 +673,18 @@ def _dummy(device, dtype):
     return t
 
 
+def kernel_class(cfg) -> tuple:
+    """(the kernel class that runs `cfg`, the kind of the x pass its call launches first: "columns", "fragments" or
+    None). A routed config (`experts`) runs LinearW4A16Experts; its run table, when it has one, is a separate launch."""
+    if cfg.experts:
+        return LinearW4A16Experts, None
+    if cfg.block_columns:
+        return LinearW4A16Columns, "columns"
+    if cfg.x_fragments:
+        return LinearW4A16Fragments, "fragments"
+    return LinearW4A16, None
+
+
 def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_global_scale, has_bias, **override):
     """(compiled function, global-scale stand-in, bias stand-in) for a call shape: the config chosen (with
     `override`'s fields, for sweeps) and compiled (compile_kernel keeps each compiled config). `bind` keeps the plan
@@ -680,12 +692,7 @@ def plan_for(m, n, k, device, x_dtype, scale_dtype, fmt, scale_layout, has_globa
     fields = {"sf_dtype": _SF_DTYPES[scale_dtype], **override}
     cfg = config_for(m, n, k, fmt, scale_layout, _X_DTYPES[x_dtype], has_bias, has_global_scale,
                      sm_count(device.index), **fields)
-    if cfg.block_columns:
-        cls, kind = LinearW4A16Columns, "columns"
-    elif cfg.x_fragments:
-        cls, kind = LinearW4A16Fragments, "fragments"
-    else:
-        cls, kind = LinearW4A16, None
+    cls, kind = kernel_class(cfg)
     fn = raw_function(compile_kernel(cls, cfg, target(capability(device)), stream="torch"))
     return fn, _dummy(device, torch.float32), _dummy(device, x_dtype), kind
 

@@ -76,13 +76,11 @@ def loop_counts(ops: list[str]) -> dict:
 _CHILD = """
 import json, sys
 from cute_kernels.compile import compile_kernel
-from cute_kernels.linear_w4a16 import LinearW4A16, LinearW4A16Config
-from cute_kernels.linear_w4a16_columns import LinearW4A16Columns
-from cute_kernels.linear_w4a16_fragments import LinearW4A16Fragments
+from cute_kernels.linear_w4a16 import LinearW4A16Config
+from nvfp4_gemv.linear.kernels import kernel_class
 for i, fields in enumerate(json.loads(sys.argv[1])):
     cfg = LinearW4A16Config(**fields)
-    cls = LinearW4A16Columns if cfg.block_columns else LinearW4A16Fragments if cfg.x_fragments else LinearW4A16
-    cubin = compile_kernel(cls, cfg, "sm_90a").__cubin__
+    cubin = compile_kernel(kernel_class(cfg)[0], cfg, "sm_90a").__cubin__
     open(f"{sys.argv[2]}/{i}.cubin", "wb").write(cubin)
 """
 
