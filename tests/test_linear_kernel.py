@@ -559,10 +559,8 @@ def assert_configs_fit(configs, tmp_path):
 
     def registers(i_c):
         i, c = i_c
-        mod, cls = (("linear_w4a16_columns", "LinearW4A16Columns") if c.block_columns else
-                    ("linear_w4a16_fragments", "LinearW4A16Fragments") if c.x_fragments else
-                    ("linear_w4a16_experts", "LinearW4A16Experts") if c.experts else
-                    ("linear_w4a16", "LinearW4A16"))
+        kernel = kernels.kernel_class(c)[0]
+        mod, cls = kernel.__module__.rsplit(".", 1)[1], kernel.__name__
         args = ", ".join(f"{f.name}={getattr(c, f.name)!r}" for f in dataclasses.fields(c))
         regs = compiled_registers_all(mod, cls, args, tmp_path / f"c{i}", "linear_w4a16", "LinearW4A16Config")
         return allocation(max(regs)), k_loop_spills(tmp_path / f"c{i}")

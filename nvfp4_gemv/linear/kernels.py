@@ -355,20 +355,20 @@ def token_tiles_for(m: int, n: int, k: int, x_dtype: str = "", fragments: bool =
 W_L2_PREFETCH = 128
 
 # The default kernel (one launch a call: no block columns, no x in fragment order, no experts) is launched
-# programmatically dependent on the stream's previous grid (LinearW4A16Config.pdl; x in fragment order below): its
-# CTAs start while that grid drains and wait before their first global load or store, and each lets the next such
-# grid start once past its K loop. `nvfp4-gemv ab pdl` on an H100 80GB HBM3 (docs/linear_h100_ab_pdl.csv; BENCHMARKS.md, "The linear launched
-# programmatically dependent"), the 12 bench shapes at 1-16 tokens, graph-timed with calls back to back: 0.935 of the
-# time on geomean over 76 points, faster at 69 (0.80-1.00), at most 6 % slower at the other 7 (2880 x 2880 and 5760 x
-# 2880); the gain, about 0.4 us a call, is the next call's start overlapping this one's end, not a faster read. Up to
-# PDL_MAX_TOKENS, what was timed and run in the GPU tests of that field (test_pdl_waits_for_the_grid_before); past it
-# the calls are the 32-token CTAs and the grid's other order, neither timed nor tested with the field. x in fragment
-# order takes it too, its x pass launched so and waiting before its load: `nvfp4-gemv ab pdl_fragments` on an H100
-# (docs/linear_h100_ab_pdl_fragments.csv), 0.963 of the time on geomean over 44 points at 4-16 tokens, faster at 42;
-# 10240 x 8192 NVFP4 at 16 tokens 1.09-1.11 in three runs, cause not found (BENCHMARKS.md, "x in fragment order
-# launched programmatically dependent"). Block columns (two grids, the second a reduction over the first's partial
-# sums) are not launched so. A read launched the same way gains as much (0.915 of the plain read's time on the same
-# H100): the gain is the launch's, not the kernel's.
+# programmatically dependent on the stream's previous grid (LinearW4A16Config.pdl; x in fragment order below): its CTAs
+# start while that grid drains and wait before their first global load or store, and each lets the next such grid start
+# once past its K loop. `nvfp4-gemv ab pdl` on an H100 80GB HBM3 (docs/linear_h100_ab_pdl.csv; BENCHMARKS.md, "The
+# linear launched programmatically dependent"), the 12 bench shapes at 1-16 tokens, graph-timed with calls back to back:
+# 0.935 of the time on geomean over 76 points, faster at 69 (0.80-1.00), at most 6 % slower at the other 7 (2880 x 2880
+# and 5760 x 2880); the gain, about 0.4 us a call, is the next call's start overlapping this one's end, not a faster
+# read. Up to PDL_MAX_TOKENS, what was timed and run in the GPU tests of that field
+# (test_pdl_waits_for_the_grid_before); past it the calls are the 32-token CTAs and the grid's other order, neither
+# timed nor tested with the field. x in fragment order takes it too, its x pass launched so and waiting before its load:
+# `nvfp4-gemv ab pdl_fragments` on an H100 (docs/linear_h100_ab_pdl_fragments.csv), 0.963 of the time on geomean over 44
+# points at 4-16 tokens, faster at 42; 10240 x 8192 NVFP4 at 16 tokens 1.09-1.11 in three runs, cause not found
+# (BENCHMARKS.md, "x in fragment order launched programmatically dependent"). Block columns (two grids, the second a
+# reduction over the first's partial sums) are not launched so. A read launched the same way gains as much (0.915 of the
+# plain read's time on the same H100): the gain is the launch's, not the kernel's.
 PDL = True
 PDL_MAX_TOKENS = 16
 
@@ -1049,7 +1049,7 @@ def bind_experts(experts, n, k, device, x_dtype, scale_dtype, ids_dtype, fmt, ha
             cfg = experts_config(n, k, fmt, _X_DTYPES[x_dtype], _ID_DTYPES[ids_dtype], has_bias, has_global_scale,
                                  sm_count(device.index), **{**fields, "expert_group": group, "expert_runs": runs,
                                                             "token_tiles": tiles})
-            fn = plans[mode] = raw_function(compile_kernel(LinearW4A16Experts, cfg, target(capability(device)),
+            fn = plans[mode] = raw_function(compile_kernel(kernel_class(cfg)[0], cfg, target(capability(device)),
                                                            stream="torch"))
         gs = _dummy(device, torch.float32) if global_scale is None else global_scale
         fn(x2d, weight_u8, scale, out, gs, no_bias if bias is None else bias,
